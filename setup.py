@@ -1,0 +1,36 @@
+"""Install the `verl` package. torch is pinned to the 2.13 line: on a CPU machine install the CPU wheel
+first (`pip install torch==2.13.0`, as scripts/install.sh does) so that no CUDA build is pulled in."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="verl",
+    version="0.1.0",
+    description="verl-style RL trainer (PPO/GRPO/RLOO/ReMax/REINFORCE++) for language models, CPU or GPU",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verl", "verl.*"]),
+    package_data={"verl": ["trainer/config/*.yaml", "trainer/config/**/*.yaml"]},
+    install_requires=[
+        "torch>=2.6,<2.14",
+        "ray>=2.40",
+        "transformers>=4.51",
+        "tokenizers",
+        "hydra-core>=1.3",
+        "omegaconf",
+        "tensordict>=0.8",
+        "pandas",
+        "pyarrow",
+        "tensorboard",
+        "numpy",
+        "tqdm",
+        "matplotlib",
+        "psutil",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "ruff"],
+        "gpu": ["vllm==0.32.*", "flash-attn"],
+        "wandb": ["wandb"],
+        "math": ["math-verify"],
+        "lora": ["peft"],
+    },
+)

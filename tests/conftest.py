@@ -1,0 +1,46 @@
+"""Shared pytest fixtures: one Ray session for the whole run, one tiny Qwen2 model built locally.
+
+Owned by the lead; put fixtures private to a test package in that package's own conftest.py.
+"""
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray session shared by every test that asks for it (ray.init costs ~7 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Directory of a tiny random-weight Qwen2 model and its locally trained tokenizer (HF format)."""
+    from verl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_qwen2")
+    build_tiny_model(str(out), size="xs", seed=0)
+    return str(out)
