@@ -3,12 +3,11 @@
 Owned by the lead; put fixtures private to a test package in that package's own conftest.py.
 """
 
-import os
 
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,3 +5,5 @@ data flow of one step are described in DESIGN.md; the user-facing entry is `pyth
 """
 
 __version__ = "0.1.0"
+
+from verl.protocol import DataProto  # noqa: E402,F401

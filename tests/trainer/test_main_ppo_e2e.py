@@ -1,0 +1,134 @@
+"""End to end through the real entry point `python -m verl.trainer.main_ppo` on a tiny random model:
+GRPO and PPO (GAE + critic) runs finish, log verl's metrics, write a plot and a checkpoint, resume from
+it, and configuration mistakes exit non-zero with one line naming the bad value."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rl_data")
+    records = generate_records(24, seed=3)
+    pd.DataFrame(records_to_rows(records[:20], "train")).to_parquet(out / "train.parquet")
+    pd.DataFrame(records_to_rows(records[20:], "test")).to_parquet(out / "test.parquet")
+    return out
+
+
+def _run(args, cwd, timeout=420):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _common(model, data_dir, run_dir):
+    return [
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        f"actor_rollout_ref.model.path={model}",
+        "data.max_prompt_length=384",
+        "data.max_response_length=16",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.logger=[console,tensorboard]",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.ray_init.num_cpus=2",
+    ]
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "logs", "metrics.jsonl"))]
+
+
+def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = _common(tiny_model_dir, data_dir, run_dir) + [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=1",
+    ]
+    proc = _run(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training finished" in proc.stdout and "validation reward: before" in proc.stdout
+    rows = _metrics(run_dir)
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    for key in (
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/grad_norm",
+        "timing_s/gen",
+        "response_length/mean",
+        "perf/throughput",
+        "training/rollout_probs_diff_max",
+    ):
+        assert key in steps[0], key
+    assert steps[0]["training/rollout_probs_diff_max"] < 1e-3  # rollout engine holds the actor's weights
+    assert steps[1]["training/rollout_probs_diff_max"] < 1e-3  # ... also after the first update
+    assert "val/reward/mean" in rows[0] and "val/reward/mean" in steps[-1]
+    assert os.path.isfile(run_dir / "logs" / "curves.png")
+    assert sorted(os.listdir(run_dir)) == ["global_step_2", "latest_checkpointed_iteration.txt", "logs"]
+    # resume: one more step continues from step 2
+    proc = _run(args[:-3] + ["trainer.total_training_steps=3", "trainer.save_freq=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout
+    assert [r["step"] for r in _metrics(run_dir) if r["step"] > 0] == [1, 2, 3]
+
+
+def test_ppo_with_critic_runs(tiny_model_dir, data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = _common(tiny_model_dir, data_dir, run_dir) + [
+        "algorithm.adv_estimator=gae",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+    ]
+    proc = _run(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step = [r for r in _metrics(run_dir) if r["step"] == 1][0]
+    for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
+        assert key in step, key
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algorithm.adv_estimator=nope", "nope"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=nope", "nope"),
+        ("data.train_batch_size=3", "divisible"),
+        ("data.train_batch_size=0", "positive"),
+        ("actor_rollout_ref.model.path=/no/such/model", "/no/such/model"),
+        ("data.train_files=/no/such.parquet", "/no/such.parquet"),
+        ("trainer.resume_mode=sometimes", "sometimes"),
+    ],
+)
+def test_bad_config_exits_with_one_line(tiny_model_dir, data_dir, tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    args = _common(tiny_model_dir, data_dir, run_dir) + ["trainer.total_training_steps=1", override]
+    proc = _run(args, tmp_path, timeout=240)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and message in last, proc.stderr[-2000:]
+    assert not os.path.exists(run_dir / "global_step_1")

@@ -1,0 +1,231 @@
+"""Tests for the SFT dataset (loss mask, padding, truncation, errors) and the FSDP2 SFT trainer (1 and 2 ranks)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verl.trainer.fsdp_sft_trainer import run_sft, sft_loss
+from verl.utils.dataset.sft_dataset import SFTDataset
+
+TWO_TURNS = [
+    {"role": "system", "content": "You can call tools."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": '<think>use the tool</think>\n<tool_call>\n{"name": "get_weather"}\n</tool_call>'},
+    {"role": "user", "content": "Thanks, and 12 + 30?"},
+    {"role": "assistant", "content": "<response>42</response>"},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _write(tmp_path, name, rows):
+    path = str(tmp_path / name)
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def _enc(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------------------------------ dataset
+def test_loss_mask_covers_exactly_the_assistant_tokens(tokenizer, tmp_path):
+    path = _write(tmp_path, "chat.parquet", [{"messages": TWO_TURNS}])
+    item = SFTDataset(path, tokenizer, {"max_length": 160})[0]
+    # reference built turn by turn: "<|im_start|>{role}\n" header, then content + "<|im_end|>", then "\n"
+    expected_ids, expected_mask = [], []
+    for msg in TWO_TURNS:
+        header = _enc(tokenizer, f"<|im_start|>{msg['role']}\n")
+        body = _enc(tokenizer, msg["content"] + "<|im_end|>")
+        newline = _enc(tokenizer, "\n")
+        trained = int(msg["role"] == "assistant")
+        expected_ids += header + body + newline
+        expected_mask += [0] * len(header) + [trained] * len(body) + [0] * len(newline)
+    n = len(expected_ids)
+    assert item["input_ids"][:n].tolist() == expected_ids
+    assert item["loss_mask"][:n].tolist() == expected_mask
+    assert item["loss_mask"][n:].sum() == 0
+    trained_text = tokenizer.decode(item["input_ids"][item["loss_mask"].bool()])
+    assert trained_text == TWO_TURNS[2]["content"] + "<|im_end|>" + TWO_TURNS[4]["content"] + "<|im_end|>"
+    # right padding with the pad token; positions count real tokens only
+    assert item["attention_mask"].tolist() == [1] * n + [0] * (160 - n)
+    assert (item["input_ids"][n:] == tokenizer.pad_token_id).all()
+    assert item["position_ids"][:n].tolist() == list(range(n))
+
+
+def test_prompt_response_columns(tokenizer, tmp_path):
+    # two files (a parquet column holds one type): string prompts, then chat-list prompts
+    strings = _write(tmp_path, "pr_str.parquet", [{"question": "What is 2+2?", "answer": "4"}])
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    chats = _write(tmp_path, "pr_chat.parquet", [{"question": chat, "answer": "Hello"}])
+    ds = SFTDataset([strings, chats], tokenizer, {"prompt_key": "question", "response_key": "answer", "max_length": 64})
+    assert len(ds) == 2
+    first = ds[0]
+    prompt_ids = _enc(tokenizer, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    response_ids = _enc(tokenizer, "4<|im_end|>")
+    n = len(prompt_ids) + len(response_ids)
+    assert first["input_ids"][:n].tolist() == prompt_ids + response_ids
+    assert first["loss_mask"].tolist() == [0] * len(prompt_ids) + [1] * len(response_ids) + [0] * (64 - n)
+    second = ds[1]
+    assert tokenizer.decode(second["input_ids"][second["loss_mask"].bool()]) == "Hello<|im_end|>"
+    assert tokenizer.decode(second["input_ids"][second["attention_mask"].bool()]).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+    )
+
+
+def test_truncation_modes(tokenizer, tmp_path):
+    path = _write(tmp_path, "chat.parquet", [{"messages": TWO_TURNS}])
+    full = SFTDataset(path, tokenizer, {"max_length": 160})
+    ids, mask = full.tokenize(0)
+    left = SFTDataset(path, tokenizer, {"max_length": 10, "truncation": "left"})[0]
+    right = SFTDataset(path, tokenizer, {"max_length": 10, "truncation": "right"})[0]
+    assert left["input_ids"].tolist() == ids[-10:] and left["loss_mask"].tolist() == mask[-10:]
+    assert right["input_ids"].tolist() == ids[:10] and right["loss_mask"].tolist() == mask[:10]
+    assert left["attention_mask"].sum() == 10
+    with pytest.raises(ValueError, match=r"chat.parquet row 0: \d+ tokens exceed data.max_length=10"):
+        SFTDataset(path, tokenizer, {"max_length": 10})[0]
+    with pytest.raises(ValueError, match="data.truncation='middle' is not supported"):
+        SFTDataset(path, tokenizer, {"truncation": "middle"})
+
+
+def test_errors_name_the_file_and_columns(tokenizer, tmp_path):
+    path = _write(tmp_path, "bad.parquet", [{"text": "hello"}])
+    with pytest.raises(ValueError, match=r"bad.parquet.*columns \['text'\].*'messages'"):
+        SFTDataset(path, tokenizer, {})
+    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+        SFTDataset(str(tmp_path / "missing.parquet"), tokenizer, {})
+    no_assistant = _write(tmp_path, "noasst.parquet", [{"messages": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(ValueError, match="noasst.parquet row 0: the conversation has no assistant message"):
+        SFTDataset(no_assistant, tokenizer, {})[0]
+
+
+# --------------------------------------------------------------------------------------------- loss
+def test_sft_loss_matches_hand_computed_cross_entropy():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]]])  # (1, 3, vocab 3)
+    input_ids = torch.tensor([[0, 1, 2]])
+    loss_mask = torch.tensor([[0, 0, 1]])  # only token 2 (predicted from position 1) is a target
+    summed, count = sft_loss(logits, input_ids, loss_mask)
+    # -log softmax([0, 1, 0])[2] = log(e^0 + e^1 + e^0) - 0
+    expected = torch.log(torch.tensor(2.0 + torch.e))
+    assert count.item() == 1
+    assert torch.allclose(summed, expected)
+    summed_all, count_all = sft_loss(logits, input_ids, torch.tensor([[0, 1, 1]]))
+    # token 1 from position 0: log(e^2 + 1 + 1) - 0
+    assert count_all.item() == 2
+    assert torch.allclose(summed_all, expected + torch.log(torch.tensor(torch.e**2 + 2)))
+
+
+# ------------------------------------------------------------------------------------------ trainer
+def _synthetic_rows(n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        a, b = (int(x) for x in torch.randint(1, 50, (2,), generator=g))
+        rows.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {a} + {b}?"},
+                    {
+                        "role": "assistant",
+                        "content": f"<think>{a} + {b} = {a + b}</think>\n<response>{a + b}</response>",
+                    },
+                ]
+            }
+        )
+    return rows
+
+
+def _sft_config(model_dir, train, out, steps, batch=8, micro=2):
+    return {
+        "data": {"train_files": train, "max_length": 48, "train_batch_size": batch, "micro_batch_size_per_gpu": micro},
+        "model": {"partial_pretrain": model_dir},
+        "optim": {"lr": 2e-3, "warmup_steps_ratio": 0.0, "lr_scheduler": "constant"},
+        "trainer": {"default_local_dir": out, "total_training_steps": steps, "seed": 3, "device": "cpu", "logger": []},
+    }
+
+
+def _mean_loss(model_dir, dataset):
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    batch = {k: torch.stack([dataset[i][k] for i in range(len(dataset))]) for k in dataset[0]}
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    summed, count = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+    return (summed / count).item()
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    train = _write(root, "train.parquet", _synthetic_rows())
+    config = _sft_config(tiny_model_dir, train, str(root / "out1"), steps=6)
+    config["data"]["val_files"] = _write(root, "val.parquet", _synthetic_rows(n=6, seed=1))
+    config["trainer"].update(save_freq=4, test_freq=3)
+    final = run_sft(config)
+    return train, final
+
+
+def test_short_sft_lowers_loss_and_writes_hf_checkpoint(one_rank_run, tiny_model_dir, tokenizer):
+    train, final = one_rank_run
+    assert os.path.basename(final) == "global_step_6"
+    assert not os.path.exists(final + ".tmp")
+    dataset = SFTDataset(train, tokenizer, {"max_length": 48})
+    before, after = _mean_loss(tiny_model_dir, dataset), _mean_loss(final, dataset)
+    assert after < before - 0.5, (before, after)
+    reloaded_tok = AutoTokenizer.from_pretrained(final)
+    assert reloaded_tok("<think>12 + 3</think>")["input_ids"] == tokenizer("<think>12 + 3</think>")["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.architectures == ["Qwen2ForCausalLM"]
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    root = os.path.dirname(final)
+    assert sorted(os.listdir(root)) == [
+        "global_step_4",
+        "global_step_6",
+        "latest_checkpointed_iteration.txt",
+        "metrics.jsonl",
+    ]
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt")) as f:
+        assert f.read() == "6"
+    metrics = pd.read_json(os.path.join(root, "metrics.jsonl"), lines=True)
+    assert metrics["step"].tolist() == list(range(1, 7))
+    val = metrics["val/loss"]
+    assert val.notna().tolist() == [False, False, True, False, False, True]  # test_freq=3
+    assert val[5] < val[2] and (metrics["train/loss"].iloc[-2:].mean() < metrics["train/loss"].iloc[:2].mean())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_rank(one_rank_run, tiny_model_dir, tmp_path):
+    train, final_one = one_rank_run
+    out = str(tmp_path / "out2")
+    cfg = _sft_config(tiny_model_dir, train, out, steps=6)
+    overrides = [f"{section}.{k}={v}" for section, values in cfg.items() for k, v in values.items()]
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+        env.update(MASTER_PORT=str(port), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        cmd = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", *overrides]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    one = AutoModelForCausalLM.from_pretrained(final_one).state_dict()
+    two = AutoModelForCausalLM.from_pretrained(os.path.join(out, "global_step_6")).state_dict()
+    assert one.keys() == two.keys()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert not torch.allclose(one["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+    for key in one:
+        assert torch.allclose(one[key], two[key], atol=1e-5, rtol=0), (key, (one[key] - two[key]).abs().max())

@@ -1,0 +1,328 @@
+"""Tests for verl.utils.device and verl.utils.fsdp_utils on a tiny Qwen2 built here (FSDP2 over gloo, 1 and 2 ranks)."""
+
+import copy
+import math
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.fsdp import FSDPModule
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl.utils.device import get_device_name, get_dist_backend, get_torch_device
+from verl.utils.fsdp_utils import (
+    apply_fsdp2,
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grad_norm_,
+    get_full_state_dict,
+    init_distributed,
+    load_causal_lm,
+    load_full_state_dict,
+    load_token_classification_model,
+    set_torch_threads_from_env,
+)
+
+OPTIM_CFG = {"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-6}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny_qwen2(seed: int = 0, tie: bool = False) -> Qwen2ForCausalLM:
+    """hidden 32, 2 layers, vocab 100; intermediate 45 so that the MLP shards unevenly over 2 ranks."""
+    config = Qwen2Config(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=45,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def batch_ids(bs: int = 4, seq_len: int = 10) -> torch.Tensor:
+    return torch.randint(0, 100, (bs, seq_len), generator=torch.Generator().manual_seed(123))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A world-size-1 gloo group for this module; torn down afterwards unless someone else had started one."""
+    created = not dist.is_initialized()
+    yield init_distributed("gloo")
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- device helpers
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_device_name_without_gpu():
+    assert get_device_name() == "cpu" and get_device_name("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match="'cuda' was asked for"):
+        get_device_name("cuda")
+    assert get_torch_device() is torch.cpu
+
+
+def test_device_helpers_reject_unknown_names():
+    with pytest.raises(ValueError, match=r"\['auto', 'cpu', 'cuda'\], got 'tpu'"):
+        get_device_name("tpu")
+    assert get_dist_backend("cpu") == "gloo" and get_dist_backend("cuda") == "nccl"
+    with pytest.raises(ValueError, match="got 'npu'"):
+        get_dist_backend("npu")
+    assert get_torch_device("cuda") is torch.cuda
+
+
+# ---------------------------------------------------------------- process group and FSDP2 in one process
+def test_init_distributed_is_idempotent(process_group):
+    assert process_group == (0, 1)
+    assert init_distributed() == (0, 1) and dist.get_backend() == "gloo"
+
+
+def test_apply_fsdp2_one_rank_matches_plain_adamw_step(process_group):
+    plain = tiny_qwen2(seed=0)
+    sharded = apply_fsdp2(copy.deepcopy(plain))
+    assert isinstance(sharded, FSDPModule)
+    assert all(isinstance(layer, FSDPModule) for layer in sharded.model.layers)
+    ids = batch_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(sharded(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=1e-6)
+
+    ref_optim = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
+    plain(input_ids=ids, labels=ids).loss.backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+    ref_optim.step()
+
+    optim = build_optimizer(sharded, OPTIM_CFG)
+    sharded(input_ids=ids, labels=ids).loss.backward()
+    norm = clip_grad_norm_(sharded, 0.5)
+    optim.step()
+    assert ref_norm > 0.5  # so the clipping really scaled the gradients
+    torch.testing.assert_close(norm, ref_norm, rtol=1e-5, atol=0)
+    full = get_full_state_dict(sharded)
+    ref = plain.state_dict()
+    assert set(full) == set(ref)
+    assert max((full[k] - ref[k]).abs().max().item() for k in ref) < 1e-5
+
+
+def test_full_state_dict_round_trip(process_group):
+    plain = tiny_qwen2(seed=1, tie=True)
+    original = {k: v.clone() for k, v in plain.state_dict().items()}
+    sharded = apply_fsdp2(plain)
+    full = get_full_state_dict(sharded)
+    assert set(full) == set(original)
+    assert all(torch.equal(full[k], original[k]) and full[k].device.type == "cpu" for k in original)
+
+    perturbed = {k: v + 0.5 for k, v in original.items()}
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]  # tied
+    given = dict(perturbed)
+    load_full_state_dict(sharded, perturbed)
+    assert perturbed.keys() == given.keys() and all(perturbed[k] is given[k] for k in given)  # input untouched
+    reloaded = get_full_state_dict(sharded)
+    assert all(torch.equal(reloaded[k], perturbed[k]) for k in perturbed)
+
+    incomplete = dict(perturbed)
+    incomplete.pop("model.norm.weight")
+    incomplete["extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\], unexpected keys \['extra.weight'\]"):
+        load_full_state_dict(sharded, incomplete)
+
+
+def test_clip_grad_norm_on_plain_model_and_non_finite():
+    model = torch.nn.Linear(2, 1, bias=True)
+    model.weight.grad = torch.tensor([[3.0, 0.0]])
+    model.bias.grad = torch.tensor([4.0])
+    norm = clip_grad_norm_(model, 1.0)
+    assert norm.item() == pytest.approx(5.0)
+    torch.testing.assert_close(model.weight.grad, torch.tensor([[0.6, 0.0]]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(model.bias.grad, torch.tensor([0.8]), rtol=1e-5, atol=0)
+
+    model.weight.grad = torch.tensor([[float("inf"), 1.0]])
+    model.bias.grad = torch.tensor([2.0])
+    assert math.isinf(clip_grad_norm_(model, 1.0).item())
+    assert model.bias.grad.item() == 2.0 and model.weight.grad[0, 1].item() == 1.0  # not scaled
+    assert clip_grad_norm_(torch.nn.Linear(2, 2), 1.0).item() == 0.0  # no gradients at all
+
+
+# ---------------------------------------------------------------- two ranks over gloo
+def _two_rank_step_worker(rank: int, world_size: int, port: int, out_path: str) -> None:
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    torch.set_num_threads(1)
+    assert init_distributed("gloo") == (rank, world_size)
+    model = apply_fsdp2(tiny_qwen2(seed=0))
+    optim = build_optimizer(model, OPTIM_CFG)
+    local_ids = batch_ids().chunk(world_size)[rank]
+    model(input_ids=local_ids, labels=local_ids).loss.backward()
+    norm = clip_grad_norm_(model, 0.5)
+    optim.step()
+    full = get_full_state_dict(model)
+    if rank == 0:
+        torch.save({"state": full, "norm": norm}, out_path)
+    dist.destroy_process_group()
+
+
+def spawn(fn, nprocs: int, *args, monkeypatch) -> None:
+    """Run fn(rank, nprocs, port, *args) in `nprocs` fresh processes (they import this module from the repo root)."""
+    monkeypatch.syspath_prepend(REPO_ROOT)
+    assert any(os.path.samefile(p, REPO_ROOT) for p in sys.path if os.path.isdir(p))
+    mp.start_processes(fn, args=(nprocs, free_port(), *args), nprocs=nprocs, start_method="spawn")
+
+
+@pytest.mark.slow  # spawning 2 processes that import torch + transformers: ~15 s idle machine, more when loaded
+def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, monkeypatch):
+    out_path = str(tmp_path / "two_rank.pt")
+    spawn(_two_rank_step_worker, 2, out_path, monkeypatch=monkeypatch)
+
+    reference = tiny_qwen2(seed=0)
+    ref_optim = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
+    ids = batch_ids()
+    reference(input_ids=ids, labels=ids).loss.backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    ref_optim.step()
+
+    result = torch.load(out_path, weights_only=True)
+    torch.testing.assert_close(result["norm"], ref_norm, rtol=1e-5, atol=0)
+    ref = reference.state_dict()
+    assert set(result["state"]) == set(ref)
+    assert max((result["state"][k] - ref[k]).abs().max().item() for k in ref) < 1e-5
+
+
+# ---------------------------------------------------------------- optimizer and LR schedule
+def test_build_optimizer_reads_config_and_skips_frozen_params():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[0].weight.requires_grad_(False)
+    optim = build_optimizer(model, {"lr": 0.1, "weight_decay": 0.0, "betas": [0.8, 0.9], "eps": 1e-5})
+    group = optim.param_groups[0]
+    assert (group["lr"], group["weight_decay"], group["betas"], group["eps"]) == (0.1, 0.0, (0.8, 0.9), 1e-5)
+    assert len(group["params"]) == 3
+    defaults = build_optimizer(model.parameters(), {"lr": 0.5}).param_groups[0]
+    assert (defaults["weight_decay"], defaults["betas"], defaults["eps"]) == (0.01, (0.9, 0.999), 1e-8)
+
+
+def lrs_over(optim_cfg: dict, total: int, steps: int) -> list[float]:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler = build_lr_scheduler(optimizer, optim_cfg, total)
+    values = []
+    for _ in range(steps):
+        values.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return values
+
+
+def test_constant_schedule_with_warmup_steps_and_ratio():
+    assert lrs_over({"lr_warmup_steps": 4, "warmup_style": "constant"}, 10, 6) == pytest.approx(
+        [0.0, 0.025, 0.05, 0.075, 0.1, 0.1]
+    )
+    # lr_warmup_steps <= 0 -> int(0.25 * 10) = 2 warmup steps
+    assert lrs_over({"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.25}, 10, 4) == pytest.approx(
+        [0.0, 0.05, 0.1, 0.1]
+    )
+    assert lrs_over({}, -1, 3) == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_cosine_schedule_values():
+    # warmup 2, total 10, min ratio 0.1: step s >= 2 -> 0.1 * (0.1 + 0.9 * 0.5 * (1 + cos(pi * (s - 2) / 8)))
+    values = lrs_over({"lr_warmup_steps": 2, "lr_scheduler_type": "cosine", "min_lr_ratio": 0.1}, 10, 12)
+    assert values[:3] == pytest.approx([0.0, 0.05, 0.1])
+    assert values[4] == pytest.approx(0.1 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))))  # 0.08182
+    assert values[6] == pytest.approx(0.055)  # half way: 0.1 * (0.1 + 0.45)
+    assert values[10] == pytest.approx(0.01) and values[11] == pytest.approx(0.01)  # floor, also past the end
+
+
+def test_schedule_errors():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"'linear'; allowed: \['constant', 'cosine'\]"):
+        build_lr_scheduler(optimizer, {"warmup_style": "linear"}, 10)
+    with pytest.raises(ValueError, match="total_training_steps must be > 0.*got -1"):
+        build_lr_scheduler(optimizer, {"warmup_style": "cosine"}, -1)
+    with pytest.raises(ValueError, match="min_lr_ratio must be in"):
+        build_lr_scheduler(optimizer, {"min_lr_ratio": 1.5}, 10)
+
+
+# ---------------------------------------------------------------- HF loading
+def test_load_causal_lm_round_trip_and_options(tmp_path):
+    saved = tiny_qwen2(seed=2)
+    saved.save_pretrained(str(tmp_path))
+    model = load_causal_lm(str(tmp_path), gradient_checkpointing=True)
+    assert type(model) is Qwen2ForCausalLM and model.is_activation_checkpointing
+    assert all(torch.equal(v, saved.state_dict()[k]) for k, v in model.state_dict().items())
+    assert next(model.parameters()).device.type == "cpu"
+    assert load_causal_lm(str(tmp_path), dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        load_causal_lm(str(tmp_path), dtype="float8")
+
+
+def test_load_causal_lm_errors_name_the_path(tmp_path):
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=f"{missing}.*does not exist"):
+        load_causal_lm(missing)
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_causal_lm(str(tmp_path))
+    from transformers import ViTConfig
+
+    vit_dir = tmp_path / "vit"
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(vit_dir)
+    with pytest.raises(ValueError, match=f"{vit_dir}.*ViTConfig.*not a causal LM"):
+        load_causal_lm(str(vit_dir))
+
+
+def test_token_classification_model_from_causal_lm_checkpoint(tmp_path, process_group):
+    causal = tiny_qwen2(seed=3)
+    causal.save_pretrained(str(tmp_path))
+    critic = load_token_classification_model(str(tmp_path))
+    assert type(critic).__name__ == "Qwen2ForTokenClassification" and critic.config.num_labels == 1
+    assert torch.count_nonzero(critic.score.weight) == 0
+    backbone = causal.model.state_dict()
+    assert all(torch.equal(v, backbone[k]) for k, v in critic.model.state_dict().items())
+    ids = batch_ids(bs=2, seq_len=5)
+    values = apply_fsdp2(critic)(input_ids=ids).logits
+    assert values.shape == (2, 5, 1) and torch.count_nonzero(values) == 0
+
+
+def test_set_torch_threads_from_env(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.delenv("VERL_NUM_THREADS", raising=False)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_torch_threads_from_env() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert set_torch_threads_from_env() == 2  # OMP_NUM_THREADS=1 keeps the current setting
+        monkeypatch.setenv("VERL_NUM_THREADS", "1")
+        assert set_torch_threads_from_env() == 1
+        monkeypatch.setenv("VERL_NUM_THREADS", "two")
+        with pytest.raises(ValueError, match="VERL_NUM_THREADS must be a positive integer, got 'two'"):
+            set_torch_threads_from_env()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_apply_fsdp2_on_peft_lora_model_trains_only_adapters(process_group):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_qwen2(seed=4), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    apply_fsdp2(model)
+    assert sum(isinstance(m, FSDPModule) for m in model.modules()) == 3  # 2 decoder layers + the root
+    before = get_full_state_dict(model)
+    optimizer = build_optimizer(model, OPTIM_CFG)
+    ids = batch_ids(bs=2, seq_len=6)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert clip_grad_norm_(model, 1.0) > 0
+    optimizer.step()
+    after = get_full_state_dict(model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)

@@ -1,0 +1,317 @@
+"""Tests of the FSDP2 workers (verl/workers/fsdp_workers.py) on the tiny Qwen2 model.
+
+In-process (world size 1, no Ray): the Worker base class fills in RANK/WORLD_SIZE and init_model starts a
+single-process gloo group. With Ray: a 2-rank actor update equals the 1-rank one, and a fused actor_rollout +
+critic group runs a step. Configs are the project's real `ppo_trainer.yaml` with small overrides.
+"""
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import verl
+from verl.protocol import DataProto
+from verl.single_controller.base.worker import ENV_KEYS
+from verl.utils.fsdp_utils import get_full_state_dict
+from verl.utils.torch_functional import compute_position_id_with_mask
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.workers.rollout.base import build_rollout_output
+
+PROMPT_LEN, RESPONSE_LEN, N = 12, 5, 2
+TEXTS = ["How many apples?", "Hi", "Convert 5 dollars to euro.", "What time is it in Zurich"]
+CONFIG_YAML = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "ppo_trainer.yaml")
+
+
+def trainer_config(model_dir: str, **actor_overrides) -> OmegaConf:
+    cfg = OmegaConf.load(CONFIG_YAML)
+    cfg.data.max_prompt_length, cfg.data.max_response_length = PROMPT_LEN, RESPONSE_LEN
+    arr = cfg.actor_rollout_ref
+    arr.model.path = model_dir
+    arr.actor.ppo_mini_batch_size = len(TEXTS)  # one mini-batch of all prompts
+    arr.actor.ppo_micro_batch_size_per_gpu = 4
+    arr.actor.shuffle = False
+    arr.actor.optim.lr, arr.actor.optim.weight_decay = 1e-2, 0.0
+    arr.rollout.n = N
+    arr.rollout.calculate_log_probs = True
+    arr.rollout.log_prob_micro_batch_size_per_gpu = 3
+    arr.ref.log_prob_micro_batch_size_per_gpu = 5
+    for key, value in actor_overrides.items():
+        OmegaConf.update(arr, key, value)
+    return cfg
+
+
+def make_prompts(tokenizer, repeat: int = N, seed: int = 0) -> DataProto:
+    ids = torch.full((len(TEXTS), PROMPT_LEN), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, text in enumerate(TEXTS):
+        tok = tokenizer(text)["input_ids"][:PROMPT_LEN]
+        ids[i, PROMPT_LEN - len(tok) :], mask[i, PROMPT_LEN - len(tok) :] = torch.tensor(tok), 1
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)},
+        non_tensors={"uid": np.array([str(i) for i in range(len(TEXTS))], dtype=object)},
+        meta_info={"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "seed": seed},
+    )
+    return prompts.repeat(repeat, interleave=True)
+
+
+def with_advantages(batch: DataProto) -> DataProto:
+    """Fixed +-1 sequence advantages broadcast over the response (what GRPO would give a 2-sample group)."""
+    signs = torch.tensor([1.0, -1.0]).repeat(len(batch) // 2).unsqueeze(-1)
+    batch.batch["advantages"] = signs * batch.batch["response_mask"]
+    return batch
+
+
+def rollout_state(worker: ActorRolloutRefWorker) -> dict:
+    return {k: v.detach().clone() for k, v in worker.rollout.module.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------ in process
+@contextlib.contextmanager
+def restored_dist_env():
+    """Undo the RANK/MASTER_PORT/... variables an in-process Worker writes to os.environ: a Ray session started
+    later would hand them to its workers (rank 0 would then reuse this process's port)."""
+    saved = {key: os.environ.get(key) for key in ENV_KEYS}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _dist_env():
+    with restored_dist_env():
+        yield
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir):
+    with restored_dist_env():
+        w = ActorRolloutRefWorker(trainer_config(tiny_model_dir).actor_rollout_ref, role="actor_rollout_ref")
+        w.init_model()
+    return w
+
+
+def test_config_normalisation_and_errors(tiny_model_dir):
+    cfg = trainer_config(tiny_model_dir)
+    w = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor")
+    assert w.config.actor.ppo_mini_batch_size == len(TEXTS) * N  # prompts * n / world size 1
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == len(TEXTS)  # the caller's config is untouched
+    with pytest.raises(ValueError, match=r"'critic'.*actor_rollout_ref"):
+        ActorRolloutRefWorker(cfg.actor_rollout_ref, role="critic")
+    bad = trainer_config(tiny_model_dir, **{"actor.ppo_micro_batch_size_per_gpu": 3})
+    with pytest.raises(ValueError, match=r"8 samples.*ppo_micro_batch_size_per_gpu=3"):
+        ActorRolloutRefWorker(bad.actor_rollout_ref, role="actor_rollout")
+    big_micro = trainer_config(tiny_model_dir, **{"actor.ppo_micro_batch_size_per_gpu": 64})
+    assert (
+        ActorRolloutRefWorker(big_micro.actor_rollout_ref, role="actor").config.actor.ppo_micro_batch_size_per_gpu == 8
+    )
+    with pytest.raises(ValueError, match="lora_rank"):
+        ActorRolloutRefWorker(trainer_config(tiny_model_dir, **{"model.lora_rank": 8}).actor_rollout_ref, role="actor")
+    ref_only = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="ref")
+    with pytest.raises(RuntimeError, match="update_actor needs a worker of role actor"):
+        ref_only.update_actor(DataProto())
+
+
+def test_generate_logprob_update_sync_checkpoint_round_trip(worker, tmp_path):
+    # generate: rollout log-probs equal the actor's on the same weights
+    gen = worker.generate_sequences(make_prompts(worker.tokenizer, seed=1))
+    assert gen.batch["responses"].shape == (len(TEXTS) * N, RESPONSE_LEN)
+    assert gen.non_tensor_batch["uid"].tolist() == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    old = worker.compute_log_prob(gen)
+    mask = gen.batch["response_mask"].bool()
+    rollout_lp = gen.batch["rollout_log_probs"]
+    assert (old.batch["old_log_probs"] - rollout_lp)[mask].abs().max() < 1e-5
+    assert old.meta_info["metrics"]["training/rollout_probs_diff_max"] < 1e-5
+    assert old.batch["entropys"].shape == mask.shape and (old.batch["entropys"][mask] > 0).all()
+    ref = worker.compute_ref_log_prob(gen)
+    torch.testing.assert_close(ref.batch["ref_log_prob"], old.batch["old_log_probs"], atol=1e-6, rtol=0)
+
+    # update: metrics, new weights in the rollout engine
+    batch = with_advantages(gen.union(old))
+    out = worker.update_actor(batch)
+    assert len(out) == 0
+    metrics = out.meta_info["metrics"]
+    assert metrics["actor/lr"] == pytest.approx(1e-2)
+    assert np.isfinite(metrics["actor/pg_loss"]).all() and metrics["actor/nonfinite_steps"] == 0
+    actor_weights = get_full_state_dict(worker.actor_module)
+    rollout_weights = rollout_state(worker)
+    for name, value in actor_weights.items():
+        assert torch.equal(rollout_weights[name], value), name
+    after = worker.compute_log_prob(gen).batch["old_log_probs"]
+    assert (after - old.batch["old_log_probs"])[mask].abs().max() > 1e-3  # the update moved the policy
+    ref_after = worker.compute_ref_log_prob(gen).batch["ref_log_prob"]
+    torch.testing.assert_close(ref_after, ref.batch["ref_log_prob"], atol=0, rtol=0)  # the reference is frozen
+
+    # the next rollout samples from the new weights: its log-probs match the updated actor's
+    gen2 = worker.generate_sequences(make_prompts(worker.tokenizer, seed=2))
+    old2 = worker.compute_log_prob(gen2)
+    mask2 = gen2.batch["response_mask"].bool()
+    assert (old2.batch["old_log_probs"] - gen2.batch["rollout_log_probs"])[mask2].abs().max() < 1e-5
+    assert old2.meta_info["metrics"]["training/rollout_probs_diff_max"] < 1e-5
+
+    # checkpoint round trip: save, update again, load -> the saved policy (actor and rollout) is back
+    worker.save_checkpoint(str(tmp_path / "ckpt"), global_step=1, save_hf=True)
+    assert os.path.isfile(tmp_path / "ckpt" / "huggingface" / "config.json")
+    worker.update_actor(with_advantages(gen2.union(old2)))
+    moved = worker.compute_log_prob(gen).batch["old_log_probs"]
+    assert (moved - after)[mask].abs().max() > 1e-3
+    worker.load_checkpoint(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(worker.compute_log_prob(gen).batch["old_log_probs"], after, atol=1e-6, rtol=0)
+    for name, value in rollout_state(worker).items():
+        assert torch.equal(value, actor_weights[name]), name
+    assert worker.actor_lr_scheduler.last_epoch == 1
+
+
+def test_critic_values_update_and_checkpoint(worker, tiny_model_dir, tmp_path):
+    cfg = trainer_config(tiny_model_dir)
+    cfg.critic.rollout_n = N
+    cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.forward_micro_batch_size_per_gpu = 4, 3
+    cfg.critic.optim.lr = 1e-2
+    critic = CriticWorker(cfg.critic)
+    assert critic.config.ppo_mini_batch_size == len(TEXTS) * N
+    critic.init_model()
+    gen = worker.generate_sequences(make_prompts(worker.tokenizer, seed=3))
+    values = critic.compute_values(gen).batch["values"]
+    assert values.shape == gen.batch["responses"].shape
+    assert torch.equal(values, torch.zeros_like(values))  # fresh zero-initialised value head
+    gen.batch["values"] = values
+    gen.batch["returns"] = torch.ones_like(values) * gen.batch["response_mask"]
+    metrics = critic.update_critic(gen).meta_info["metrics"]
+    assert metrics["critic/lr"] == pytest.approx(1e-2)
+    new_values = critic.compute_values(gen).batch["values"]
+    mask = gen.batch["response_mask"].bool()
+    assert (new_values[mask] > 0).all()  # moved towards the returns of 1
+    critic.save_checkpoint(str(tmp_path / "critic"))
+    critic.update_critic(gen)
+    critic.load_checkpoint(str(tmp_path / "critic"))
+    torch.testing.assert_close(critic.compute_values(gen).batch["values"], new_values, atol=1e-6, rtol=0)
+
+
+def test_reward_model_scores_last_response_token(worker, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    rm_dir = str(tmp_path / "rm")
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(rm_dir)
+    rm = RewardModelWorker(OmegaConf.create({"model": {"path": rm_dir}, "micro_batch_size_per_gpu": 3}))
+    rm.init_model()
+
+    tok = worker.tokenizer
+    eos = pad = tok.pad_token_id  # pad == eos: HF's own pooling would pick the wrong token
+    prompts = make_prompts(tok, repeat=1)
+    responses = torch.tensor([[7, 8, eos, pad, pad], [9, 10, 11, 12, 13], [14, eos, pad, pad, pad], [eos] + [pad] * 4])
+    batch = build_rollout_output(prompts, responses, eos, pad)
+    scores = rm.compute_rm_score(batch).batch["rm_scores"]
+
+    plain = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    with torch.no_grad():
+        hidden = plain.model(
+            input_ids=batch.batch["input_ids"],
+            attention_mask=batch.batch["attention_mask"],
+            position_ids=batch.batch["position_ids"],
+        ).last_hidden_state
+        token_scores = plain.score(hidden)[..., 0]
+    last_response_token = [2, 4, 1, 0]  # by hand: index of the first eos, or the last token
+    expected = torch.zeros(4, RESPONSE_LEN)
+    for i, j in enumerate(last_response_token):
+        expected[i, j] = token_scores[i, PROMPT_LEN + j]
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+    assert (scores.abs().sum(-1) > 0).all()
+
+
+# ------------------------------------------------------------------------------------ with Ray
+def _group(ray_cls_dict: dict, n_ranks: int):
+    from verl.single_controller.ray import RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+
+    pool = RayResourcePool(process_on_nodes=[n_ranks], use_gpu=False)
+    if len(ray_cls_dict) == 1:
+        return pool, {next(iter(ray_cls_dict)): RayWorkerGroup(pool, next(iter(ray_cls_dict.values())))}
+    fused = RayWorkerGroup(pool, create_colocated_worker_cls(ray_cls_dict))
+    return pool, fused.spawn(prefix_set=ray_cls_dict.keys())
+
+
+def _one_update(cfg, n_ranks: int, batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """log-probs of `batch` before and after one actor update in a group of `n_ranks`, and its metrics."""
+    from verl.single_controller.ray import RayClassWithInitArgs
+
+    cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout")
+    pool, groups = _group({"actor_rollout": cls}, n_ranks)
+    try:
+        wg = groups["actor_rollout"]
+        wg.init_model()
+        before = wg.compute_log_prob(batch)
+        metrics = wg.update_actor(with_advantages(batch.select(deepcopy=True).union(before))).meta_info["metrics"]
+        after = wg.compute_log_prob(batch).batch["old_log_probs"]
+    finally:
+        pool.remove_placement_groups()
+    return before.batch["old_log_probs"], after, metrics
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_rank_update_equals_one_rank_update(ray_session, worker, tiny_model_dir):
+    # AdamW with a large eps makes the step proportional to the gradient, so a wrongly scaled or partial
+    # gradient (e.g. one rank's only) shows up in the updated log-probs.
+    overrides = {"actor.optim.eps": 1.0, "actor.optim.lr": 1.0, "actor.grad_clip": 1e9}  # no clipping either
+    cfg = trainer_config(tiny_model_dir, **overrides)
+    batch = worker.generate_sequences(make_prompts(worker.tokenizer, seed=4))
+    batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids", "responses", "response_mask"])
+    before1, after1, metrics1 = _one_update(cfg, 1, batch)
+    before2, after2, metrics2 = _one_update(cfg, 2, batch)
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(before2, before1, atol=1e-6, rtol=0)
+    change = (after1 - before1)[mask].abs().max()
+    assert change > 1e-3, f"the update should move the log-probs, moved {change}"
+    assert (after2 - after1)[mask].abs().max() < 1e-3 * change + 1e-6
+    assert np.mean(metrics2["actor/pg_loss"]) == pytest.approx(np.mean(metrics1["actor/pg_loss"]), abs=1e-6)
+    assert metrics2["actor/grad_norm"][0] == pytest.approx(metrics1["actor/grad_norm"][0], rel=1e-5)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_colocated_actor_rollout_and_critic_run_a_step(ray_session, tiny_model_dir):
+    from verl.single_controller.ray import RayClassWithInitArgs
+
+    cfg = trainer_config(tiny_model_dir)
+    cfg.critic.rollout_n = N
+    classes = {
+        "actor_rollout": RayClassWithInitArgs(
+            ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="actor_rollout"
+        ),
+        "critic": RayClassWithInitArgs(CriticWorker, config=cfg.critic),
+    }
+    pool, groups = _group(classes, 2)
+    try:
+        actor_wg, critic_wg = groups["actor_rollout"], groups["critic"]
+        critic_wg.init_model()
+        actor_wg.init_model()
+        from transformers import AutoTokenizer
+
+        gen = actor_wg.generate_sequences(make_prompts(AutoTokenizer.from_pretrained(tiny_model_dir), seed=5))
+        assert gen.batch["responses"].shape == (len(TEXTS) * N, RESPONSE_LEN)
+        old = actor_wg.compute_log_prob(gen)
+        assert max(old.meta_info["metrics"]["training/rollout_probs_diff_max"]) < 1e-5
+        batch = with_advantages(gen.union(old))
+        batch = batch.union(critic_wg.compute_values(batch))
+        batch.batch["returns"] = batch.batch["advantages"]
+        critic_metrics = critic_wg.update_critic(batch).meta_info["metrics"]
+        actor_metrics = actor_wg.update_actor(batch).meta_info["metrics"]
+        assert len(critic_metrics["critic/lr"]) == 2 and len(actor_metrics["actor/lr"]) == 2  # one per rank
+        gen2 = actor_wg.generate_sequences(make_prompts(AutoTokenizer.from_pretrained(tiny_model_dir), seed=6))
+        old2 = actor_wg.compute_log_prob(gen2)
+        assert max(old2.meta_info["metrics"]["training/rollout_probs_diff_max"]) < 1e-5
+        mask = gen2.batch["response_mask"].bool()
+        lp_diff = (old2.batch["old_log_probs"] - gen2.batch["rollout_log_probs"])[mask].abs().max()
+        assert lp_diff < 1e-5  # both ranks' rollout engines sample from the updated weights
+        moved = actor_wg.compute_log_prob(gen).batch["old_log_probs"] - old.batch["old_log_probs"]
+        assert moved[gen.batch["response_mask"].bool()].abs().max() > 1e-3  # so a stale engine would show
+    finally:
+        pool.remove_placement_groups()

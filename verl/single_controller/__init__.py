@@ -1,0 +1,29 @@
+"""The single controller: one driver process drives groups of worker processes (verl's programming model).
+
+`Worker` + `@register(dispatch_mode=...)` define what a worker group can be asked to do; `RayResourcePool`,
+`RayClassWithInitArgs`, `RayWorkerGroup` and `create_colocated_worker_cls` run the workers as Ray actors.
+Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
+"""
+
+from verl.single_controller.base import Dispatch, Execute, Worker, register
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    WorkerDiedError,
+    WorkerGroupFuture,
+    create_colocated_worker_cls,
+)
+
+__all__ = [
+    "Dispatch",
+    "Execute",
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "Worker",
+    "WorkerDiedError",
+    "WorkerGroupFuture",
+    "create_colocated_worker_cls",
+    "register",
+]

@@ -1,0 +1,120 @@
+"""`Worker`: the base class of every process a worker group drives (actor/rollout/ref, critic, reward model).
+
+Owns reading a process's place in its group from the environment the worker group sets:
+`RANK`, `WORLD_SIZE`, `LOCAL_RANK` (the device index: on GPU Ray shows each worker only its own GPU, so 0),
+`LOCAL_WORLD_SIZE`, `RAY_LOCAL_RANK` (the index on the node), `MASTER_ADDR`, `MASTER_PORT`, `VERL_NUM_THREADS`
+(the process's CPU share: torch's intra-op threads are set to it at start, since Ray sets OMP_NUM_THREADS=1).
+Rank 0 of a group is started without `MASTER_ADDR`/`MASTER_PORT`; it picks its node's IP and a free port
+and the group hands them to the other ranks.
+
+A Worker never initialises torch.distributed itself: the model workers do that in their `init_model`
+(`verl.utils.fsdp_utils.init_distributed()`, which reads the same variables), so the roles fused into one
+process share one process group. Must not import trainer or worker (layer 7) code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+NUM_THREADS_ENV = "VERL_NUM_THREADS"
+
+
+def _env_int(key: str, default: int | None = None) -> int:
+    raw = os.environ.get(key)
+    if raw is None:
+        if default is None:
+            raise RuntimeError(f"environment variable {key} is not set; a worker group sets it for each worker")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {key} must be an integer, got {raw!r}") from None
+
+
+def get_node_ip() -> str:
+    """This node's IP as Ray sees it inside a Ray process, else 127.0.0.1 (a plain local process)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+def get_free_port() -> int:
+    """A TCP port free on this node right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def set_torch_threads_from_env() -> int | None:
+    """Set torch's intra-op threads to `VERL_NUM_THREADS` when it is set; return the number set (or None)."""
+    raw = os.environ.get(NUM_THREADS_ENV)
+    if raw is None:
+        return None
+    num_threads = int(raw)
+    if num_threads < 1:
+        raise ValueError(f"{NUM_THREADS_ENV} must be a positive integer, got {raw!r}")
+    import torch
+
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
+class Worker:
+    """One rank of a worker group. Subclasses must call `super().__init__()` first in their `__init__`.
+
+    Outside a worker group (no `RANK` and no `WORLD_SIZE` set) it is a single process: rank 0 of 1, on
+    127.0.0.1; the variables it chose are written to `os.environ` so `init_distributed()` finds them.
+    """
+
+    def __init__(self) -> None:
+        if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+            os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+        self._rank = _env_int("RANK")
+        self._world_size = _env_int("WORLD_SIZE")
+        if not 0 <= self._rank < self._world_size:
+            raise ValueError(f"RANK must be in [0, WORLD_SIZE={self._world_size}), got {self._rank}")
+        self._local_rank = _env_int("LOCAL_RANK", default=0)
+        self._local_world_size = _env_int("LOCAL_WORLD_SIZE", default=1)
+        if self._rank == 0 and "MASTER_ADDR" not in os.environ:
+            os.environ["MASTER_ADDR"] = get_node_ip()
+            os.environ["MASTER_PORT"] = str(get_free_port())
+        self._master_addr = os.environ.get("MASTER_ADDR")
+        self._master_port = os.environ.get("MASTER_PORT")
+        if self._master_addr is None or self._master_port is None:
+            raise RuntimeError(
+                f"rank {self._rank}: MASTER_ADDR and MASTER_PORT must be set for ranks other than 0 "
+                f"(got MASTER_ADDR={self._master_addr!r}, MASTER_PORT={self._master_port!r})"
+            )
+        self._num_threads = set_torch_threads_from_env()
+
+    @property
+    def rank(self) -> int:
+        """This worker's global rank in its group."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of workers in the group."""
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        """This worker's index among the group's workers on its node."""
+        return self._local_rank
+
+    def get_master_addr_port(self) -> tuple[str, str]:
+        """`(MASTER_ADDR, MASTER_PORT)` of the group, as chosen by rank 0."""
+        if not hasattr(self, "_master_addr"):
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call Worker.__init__ (super().__init__())")
+        return self._master_addr, self._master_port
+
+    def get_env(self) -> dict[str, str | None]:
+        """The distributed environment variables as this process sees them (for checks and debugging)."""
+        return {key: os.environ.get(key) for key in (*ENV_KEYS, NUM_THREADS_ENV)}

@@ -1,0 +1,354 @@
+"""FSDP2 and training helpers shared by the SFT trainer and the FSDP workers.
+
+Owns: starting torch.distributed (`init_distributed`), wrapping a HF model with FSDP2 (`apply_fsdp2`, one
+`fully_shard` per decoder layer plus the root), full (unsharded) state dicts in and out, the AdamW optimizer and
+warmup + constant/cosine LR schedule built from an `optim` config, gradient clipping on DTensor parameters,
+loading HF causal-LM / token-classification (critic) models, and the torch thread count of a worker.
+
+FSDP1 segfaults on CPU with this torch, so only FSDP2 (`torch.distributed.fsdp.fully_shard`) is used; it runs
+over gloo on CPU and nccl on GPU, with any world size including 1. No Ray code here (layer 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from verl.utils.device import get_device_name, get_dist_backend
+
+__all__ = [
+    "init_distributed",
+    "apply_fsdp2",
+    "get_full_state_dict",
+    "load_full_state_dict",
+    "build_optimizer",
+    "build_lr_scheduler",
+    "clip_grad_norm_",
+    "load_causal_lm",
+    "load_token_classification_model",
+    "set_torch_threads_from_env",
+]
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPES.update({"float16": torch.float16, "fp16": torch.float16})
+LR_SCHEDULE_STYLES = ("constant", "cosine")
+
+
+# ---------------------------------------------------------------- process group
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Start torch.distributed once per process and return `(rank, world_size)`.
+
+    With env RANK and WORLD_SIZE set (torchrun, Ray workers) it joins that group through MASTER_ADDR/MASTER_PORT;
+    without them it starts a single-process group on a free local port. If a group already exists, its rank and
+    size are returned unchanged. `backend` defaults to gloo on CPU, nccl when CUDA is available.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    device_name = get_device_name("auto")
+    backend = backend or get_dist_backend(device_name)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(f"RANK and WORLD_SIZE are set but {missing} are not; set them to rank 0's address/port")
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if device_name == "cuda" and backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size)
+    else:
+        if device_name == "cuda" and backend == "nccl":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size()
+
+
+# ---------------------------------------------------------------- FSDP2 wrapping
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks to shard one by one.
+
+    First choice: modules whose class is named in HF's `_no_split_modules` (e.g. `Qwen2DecoderLayer`), looked up
+    on the model or, for a peft model, on the wrapped base model. Fallback: the children of any `nn.ModuleList`
+    named `layers`, `h` or `blocks`.
+    """
+    no_split: set[str] = set()
+    for module in model.modules():
+        no_split.update(getattr(module, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in no_split]
+    if layers:
+        return layers
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            layers.extend(module)
+    return layers
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    device_mesh: Any = None,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Shard `model` with FSDP2: `fully_shard` on every decoder layer, then on the root; returns the same object.
+
+    `device_mesh` defaults to a 1-D mesh over all ranks on the current device type (the process group is started
+    with `init_distributed` if needed). `param_dtype` / `reduce_dtype` set a `MixedPrecisionPolicy` (e.g. bf16
+    compute with fp32 gradient reduction); None keeps the parameters' dtype. Parameters move to the mesh's device.
+    A model without recognisable decoder layers is sharded as one unit (root only).
+    """
+    if device_mesh is None:
+        _, world_size = init_distributed()
+        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device_mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("fsdp",))
+    kwargs: dict[str, Any] = {"mesh": device_mesh, "reshard_after_forward": reshard_after_forward}
+    if param_dtype is not None or reduce_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in _decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+# ---------------------------------------------------------------- full state dicts
+def get_full_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
+    """The unsharded `{name: tensor}` of `model`, on every rank (a collective: all ranks must call it).
+
+    Names are the HF ones (no FSDP prefixes). Sharded parameters are gathered one at a time and, with
+    `cpu_offload`, copied to CPU right away, so the device never holds more than one extra full parameter; the
+    result is then an independent snapshot. Without `cpu_offload` a tensor may alias the live parameter (world
+    size 1): treat it as read-only.
+    """
+    sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    full = {}
+    for name, value in sharded.items():
+        tensor = value.full_tensor() if isinstance(value, DTensor) else value
+        full[name] = tensor.detach().to("cpu", copy=True) if cpu_offload else tensor.detach()
+    return full
+
+
+def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load an unsharded state dict (every rank passes the full tensors) into a plain or FSDP2-sharded model.
+
+    Strict: a missing or unexpected key raises ValueError (torch's loader would silently keep the current value of
+    a missing key). `state_dict` itself is not modified (torch's loader rewrites the dict it is given).
+    """
+    expected = set(get_model_state_dict(model, options=StateDictOptions(full_state_dict=False)))
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if missing or unexpected:
+        raise ValueError(f"state dict does not match the model: missing keys {missing}, unexpected keys {unexpected}")
+    set_model_state_dict(model, dict(state_dict), options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+# ---------------------------------------------------------------- optimizer, schedule, clipping
+def build_optimizer(model_or_params: nn.Module | Iterable[torch.nn.Parameter], optim_cfg: Any) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, from an `optim` config (dict-like: lr, weight_decay, betas, eps)."""
+    if isinstance(model_or_params, nn.Module):
+        params = [p for p in model_or_params.parameters() if p.requires_grad]
+    else:
+        params = [p for p in model_or_params if p.requires_grad]
+    if not params:
+        raise ValueError("build_optimizer got no trainable parameters (all have requires_grad=False)")
+    betas = tuple(float(b) for b in optim_cfg.get("betas", (0.9, 0.999)))
+    if len(betas) != 2:
+        raise ValueError(f"optim.betas must hold two numbers, got {list(betas)}")
+    return torch.optim.AdamW(
+        params,
+        lr=float(optim_cfg.get("lr", 1e-6)),
+        weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
+        betas=betas,
+        eps=float(optim_cfg.get("eps", 1e-8)),
+    )
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_training_steps: int) -> LambdaLR:
+    """LambdaLR with linear warmup from 0, then constant or cosine decay (verl's `optim` keys).
+
+    warmup steps W = `lr_warmup_steps` if > 0 else int(`lr_warmup_steps_ratio` * total_training_steps).
+    Multiplier at step s (s < W): s / W. After warmup, with T = total_training_steps, r = `min_lr_ratio`:
+      constant: 1
+      cosine:   r + (1 - r) * 0.5 * (1 + cos(pi * p)),  p = min(1, (s - W) / max(1, T - W))
+    The style is `warmup_style` or `lr_scheduler_type` (default constant).
+    """
+    style = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type") or "constant"
+    if style not in LR_SCHEDULE_STYLES:
+        raise ValueError(f"unknown lr schedule style {style!r}; allowed: {list(LR_SCHEDULE_STYLES)}")
+    warmup_steps = int(optim_cfg.get("lr_warmup_steps", -1) or -1)
+    ratio = float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0)
+    if (style == "cosine" or (warmup_steps <= 0 and ratio > 0)) and total_training_steps <= 0:
+        raise ValueError(
+            f"total_training_steps must be > 0 for a {style} schedule with warmup ratio {ratio}, got {total_training_steps}"
+        )
+    if warmup_steps <= 0:
+        warmup_steps = int(ratio * total_training_steps)
+    min_lr_ratio = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+
+    def lr_lambda(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        if style == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_training_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, lr_lambda)
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of `model` to total L2 norm `max_norm`; returns the norm before clipping (a 0-d tensor).
+
+    Works with FSDP2 DTensor gradients (the norm is reduced over all shards; every rank gets the same value).
+    A non-finite norm (inf/nan) is returned as is and the gradients are left untouched, so the caller can skip
+    the optimizer step.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    grads = [p.grad for p in params]
+    total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    full_norm = total_norm.full_tensor() if isinstance(total_norm, DTensor) else total_norm
+    if torch.isfinite(full_norm):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+    return full_norm.detach()
+
+
+# ---------------------------------------------------------------- HF model loading
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _load_config(path: str, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} does not exist or is not a directory")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model path {path!r} has no config.json; expected a HF model directory")
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError) as err:
+        raise ValueError(f"cannot read the model config in {path!r}: {err}") from err
+
+
+def _finish(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
+    if gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def load_causal_lm(
+    path: str,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    model_cls: type | None = None,
+) -> nn.Module:
+    """Load a HF causal LM from a local directory onto the CPU (`model_cls` default: AutoModelForCausalLM).
+
+    A missing path, a directory without config.json, or a config that is not a causal LM raise ValueError naming
+    the path. With `gradient_checkpointing`, non-reentrant activation checkpointing is enabled.
+    """
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM
+
+    config = _load_config(path, trust_remote_code)
+    if model_cls is None:
+        has_remote_class = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not (trust_remote_code and has_remote_class):
+            raise ValueError(
+                f"model at {path!r} has config type {type(config).__name__} (model_type "
+                f"{getattr(config, 'model_type', None)!r}), which is not a causal LM"
+            )
+        model_cls = AutoModelForCausalLM
+    model = model_cls.from_pretrained(
+        path,
+        config=config,
+        dtype=_torch_dtype(dtype),
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    return _finish(model, gradient_checkpointing)
+
+
+def load_token_classification_model(
+    path: str,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """Load a value model (critic): AutoModelForTokenClassification with `num_labels=1` and no dropout, on CPU.
+
+    From a causal-LM checkpoint the `score` head (hidden -> 1) is new; it is zero-initialised so that the first
+    values are 0 instead of random. Output logits are (bs, seq_len, 1).
+    """
+    from transformers import AutoModelForTokenClassification
+
+    config = _load_config(path, trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    try:
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path,
+            config=config,
+            dtype=_torch_dtype(dtype),
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+        )
+    except ValueError as err:
+        raise ValueError(f"cannot load a token-classification (value) model from {path!r}: {err}") from err
+    new_keys = set(info.get("missing_keys", []))
+    head = getattr(model, "score", None)
+    if isinstance(head, nn.Linear) and any(k.startswith("score.") for k in new_keys):
+        with torch.no_grad():
+            head.weight.zero_()
+            if head.bias is not None:
+                head.bias.zero_()
+    return _finish(model, gradient_checkpointing)
+
+
+# ---------------------------------------------------------------- threads
+def set_torch_threads_from_env() -> int:
+    """Set torch's intra-op thread count from the worker's CPU share and return the count in use.
+
+    `VERL_NUM_THREADS` (any value >= 1) wins; else `OMP_NUM_THREADS` if it is > 1 (Ray sets it to the actor's
+    num_cpus); otherwise torch's current setting is kept.
+    """
+    for var, minimum in (("VERL_NUM_THREADS", 1), ("OMP_NUM_THREADS", 2)):
+        raw = os.environ.get(var)
+        if raw is None or raw == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError as err:
+            raise ValueError(f"environment variable {var} must be a positive integer, got {raw!r}") from err
+        if value >= minimum:
+            torch.set_num_threads(value)
+            break
+    return torch.get_num_threads()

@@ -1,0 +1,498 @@
+"""FSDP2 workers: the actor/rollout/reference, the critic and the reward model of one rank, as `Worker`s.
+
+Owns `ActorRolloutRefWorker`, `CriticWorker`, `RewardModelWorker`: loading models from `model.path`, FSDP2
+wrapping, AdamW + LR schedule, the worker-side config normalisation (mini/micro batch sizes per rank), weight
+sync from the actor to the rollout engine after every update (`model_update`), checkpoints, and the
+`@register`ed methods a worker group calls. The maths lives in layer 5 (`DataParallelPPOActor`,
+`DataParallelPPOCritic`, the rollout engines); this file only wires it up.
+
+Design choices:
+- The `hf` rollout engine gets its own un-sharded copy of the policy; after every actor update (and after
+  loading a checkpoint) the actor's full state dict is gathered (`get_full_state_dict`, all ranks) and loaded
+  into it (`rollout.update_weights`). `vllm` loads the model itself and receives the same state dict.
+- `training/rollout_probs_diff_max` / `_mean` (|exp(rollout_log_probs) - exp(old_log_probs)| over response
+  tokens, reduced over all ranks) are returned by `compute_log_prob` in `meta_info["metrics"]` when the batch
+  holds `rollout_log_probs`: that is where the rollout's and the actor's log-probs of the same weights meet.
+- On GPU with `model.dtype` bfloat16/float16 the actor keeps float32 master weights and computes in that dtype
+  (FSDP2 mixed precision, float32 gradient reduction); the reference and rollout copies are loaded in it.
+- Torch threads follow `VERL_NUM_THREADS` (set by the worker group; read by `Worker.__init__`).
+
+Layer 7: imports layers 1-6; must not import trainer code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from verl.protocol import DataProto
+from verl.single_controller.base import Dispatch, Worker, register
+from verl.utils import fsdp_utils
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.device import get_device_name
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.rollout import BaseRollout, get_rollout_class
+
+ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+_LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+__all__ = ["ACTOR_ROLLOUT_REF_ROLES", "ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
+
+
+# ----------------------------------------------------------------------------------------------- config
+def _private_config(config: Any) -> DictConfig:
+    """A resolved, writable copy of a config sub-tree (DictConfig or dict), so normalisation never leaks out."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    return OmegaConf.create(dict(config))
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if value is None or int(value) <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: str) -> None:
+    """In place: `ppo_mini_batch_size` (prompts) becomes samples per rank, as verl's workers do.
+
+    mini = ppo_mini_batch_size * n / world_size must be an integer; `ppo_micro_batch_size_per_gpu` is capped
+    at that mini-batch and must divide it (unless `use_dynamic_bsz`). Errors name both numbers.
+    """
+    prompts = _positive_int(section.get("ppo_mini_batch_size"), f"{prefix}.ppo_mini_batch_size")
+    samples = prompts * n
+    if samples % world_size != 0:
+        raise ValueError(
+            f"{prefix}.ppo_mini_batch_size * rollout.n = {prompts} * {n} = {samples} samples is not divisible by "
+            f"the data-parallel world size {world_size}"
+        )
+    section.ppo_mini_batch_size = samples // world_size
+    if section.get("use_dynamic_bsz", False):
+        return
+    key = f"{prefix}.ppo_micro_batch_size_per_gpu"
+    micro = min(_positive_int(section.get("ppo_micro_batch_size_per_gpu"), key), section.ppo_mini_batch_size)
+    if section.ppo_mini_batch_size % micro != 0:
+        raise ValueError(
+            f"the per-rank mini-batch of {section.ppo_mini_batch_size} samples is not divisible by {key}={micro}"
+        )
+    section.ppo_micro_batch_size_per_gpu = micro
+
+
+def _attn_implementation(model_cfg: Any, device_name: str) -> str:
+    attn = model_cfg.get("attn_implementation", "sdpa") or "sdpa"
+    if attn == "flash_attention_2" and device_name != "cuda":
+        print("warning: attn_implementation=flash_attention_2 needs a GPU; using sdpa on CPU")
+        return "sdpa"
+    return attn
+
+
+def _check_supported(model_cfg: Any) -> None:
+    if int(model_cfg.get("lora_rank", 0) or 0) > 0:
+        raise ValueError(f"model.lora_rank={model_cfg.lora_rank}: LoRA is not supported by the FSDP workers; use 0")
+    if model_cfg.get("override_config"):
+        raise ValueError(
+            f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
+        )
+
+
+def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, dtype: str) -> nn.Module:
+    """FSDP2-shard `module`; a low-precision `dtype` becomes the compute dtype (float32 gradient reduction)."""
+    param_dtype = _LOW_PRECISION.get(str(dtype))
+    return fsdp_utils.apply_fsdp2(
+        module,
+        param_dtype=param_dtype,
+        reduce_dtype=torch.float32 if param_dtype is not None else None,
+        reshard_after_forward=bool((fsdp_cfg or {}).get("reshard_after_forward", True)),
+    )
+
+
+def _freeze(module: nn.Module) -> nn.Module:
+    module.requires_grad_(False)
+    return module.eval()
+
+
+def _metrics_output(metrics: dict) -> DataProto:
+    """A DataProto with no rows that carries `meta_info["metrics"]` (what the update methods return)."""
+    return DataProto.from_dict(meta_info={"metrics": metrics})
+
+
+def rollout_probs_diff_metrics(
+    rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """max and mean of |exp(rollout_log_probs) - exp(actor_log_probs)| over response tokens of all ranks.
+
+    All tensors (bs, response_len). A collective when torch.distributed is initialised: every rank calls it.
+    """
+    mask = response_mask.bool()
+    diff = (rollout_log_probs.float().exp() - actor_log_probs.float().exp()).abs()
+    diff_max = torch.tensor([diff[mask].max().item() if mask.any() else 0.0], dtype=torch.float64)
+    sums = torch.tensor([diff[mask].sum().item(), float(mask.sum().item())], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        diff_max, sums = diff_max.to(device), sums.to(device)
+        dist.all_reduce(diff_max, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    return {
+        "training/rollout_probs_diff_max": float(diff_max[0]),
+        "training/rollout_probs_diff_mean": float(sums[0] / max(sums[1].item(), 1.0)),
+    }
+
+
+def _response_mask(data: DataProto) -> torch.Tensor:
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    return data.batch["attention_mask"][:, -data.batch["responses"].shape[-1] :]
+
+
+def _with_meta(data: DataProto, **meta: Any) -> DataProto:
+    """The same rows with `meta` added to a copy of meta_info (the caller's DataProto is left alone)."""
+    return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info={**data.meta_info, **meta})
+
+
+# ----------------------------------------------------------------------------------------------- actor
+class ActorRolloutRefWorker(Worker):
+    """Actor, rollout engine and/or reference policy of one rank, sharing one process.
+
+    config: the `actor_rollout_ref` section (model, actor, ref, rollout). role: one of
+    `ACTOR_ROLLOUT_REF_ROLES`. Call `init_model` (all ranks) before anything else.
+    """
+
+    def __init__(self, config: Any, role: str):
+        super().__init__()
+        if role not in ACTOR_ROLLOUT_REF_ROLES:
+            raise ValueError(f"unknown ActorRolloutRefWorker role {role!r}; allowed: {list(ACTOR_ROLLOUT_REF_ROLES)}")
+        self.role = role
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.config = _private_config(config)
+        self.device_name = get_device_name(self.config.get("device", "auto"))
+        _check_supported(self.config.model)
+        if self._is_actor:
+            n = _positive_int(self.config.rollout.get("n", 1), "rollout.n")
+            normalize_batch_sizes(self.config.actor, n, self.world_size, "actor")
+            key = "rollout.log_prob_micro_batch_size_per_gpu"
+            _positive_int(self.config.rollout.get("log_prob_micro_batch_size_per_gpu"), key)
+        if self._is_ref:
+            key = "ref.log_prob_micro_batch_size_per_gpu"
+            _positive_int(self.config.get("ref", {}).get("log_prob_micro_batch_size_per_gpu"), key)
+        self.tokenizer = None
+        self.actor: DataParallelPPOActor | None = None
+        self.rollout: BaseRollout | None = None
+        self.ref_policy: DataParallelPPOActor | None = None
+
+    # ------------------------------------------------------------------ building
+    def _load_policy(self, dtype: str, gradient_checkpointing: bool = False) -> nn.Module:
+        model_cfg = self.config.model
+        return fsdp_utils.load_causal_lm(
+            model_cfg.path,
+            dtype=dtype,
+            attn_implementation=_attn_implementation(model_cfg, self.device_name),
+            gradient_checkpointing=gradient_checkpointing,
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        )
+
+    def _build_actor(self) -> None:
+        model_cfg, actor_cfg = self.config.model, self.config.actor
+        dtype = str(model_cfg.get("dtype", "float32"))
+        # low-precision runs keep float32 master weights; `_wrap_fsdp2` makes `dtype` the compute dtype
+        module = self._load_policy("float32", bool(model_cfg.get("enable_gradient_checkpointing", False)))
+        self.actor_module = _wrap_fsdp2(module, actor_cfg.get("fsdp_config"), dtype)
+        optim_cfg = actor_cfg.optim
+        self.actor_optimizer = fsdp_utils.build_optimizer(self.actor_module, optim_cfg)
+        total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
+        self.actor_lr_scheduler = fsdp_utils.build_lr_scheduler(self.actor_optimizer, optim_cfg, total_steps)
+        self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer)
+        self.checkpoint_manager = FSDPCheckpointManager(
+            self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, self.tokenizer
+        )
+
+    def _build_rollout(self) -> BaseRollout:
+        rollout_cfg = self.config.rollout
+        name = rollout_cfg.get("name", "hf")
+        rollout_cls = get_rollout_class(name)
+        if name == "vllm":
+            return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer)
+        dtype = str(rollout_cfg.get("dtype") or self.config.model.get("dtype", "float32"))
+        module = _freeze(self._load_policy(dtype)).to(self.device_name)
+        return rollout_cls(module, rollout_cfg, self.tokenizer)
+
+    def _build_ref(self) -> None:
+        dtype = str(self.config.model.get("dtype", "float32"))
+        fsdp_cfg = self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
+        self.ref_module = _freeze(_wrap_fsdp2(self._load_policy(dtype), fsdp_cfg, dtype))
+        self.ref_policy = DataParallelPPOActor(self.config.get("ref", {}), self.ref_module)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Start torch.distributed and load the models of this worker's role (all ranks together)."""
+        from transformers import AutoTokenizer
+
+        fsdp_utils.init_distributed()
+        model_cfg = self.config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_cfg.path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
+        )
+        if self._is_actor:
+            self._build_actor()
+        if self._is_rollout:
+            self.rollout = self._build_rollout()
+        if self._is_ref:
+            self._build_ref()
+
+    def _require(self, part: Any, method: str, roles: str) -> None:
+        if part is None:
+            raise RuntimeError(
+                f"{method} needs a worker of role {roles}, initialised with init_model; this worker has role "
+                f"{self.role!r}" + (" and init_model was not called" if self.tokenizer is None else "")
+            )
+
+    def _sync_rollout_weights(self) -> None:
+        """model_update: push the actor's full (gathered) weights into the rollout engine. Collective."""
+        self.rollout.update_weights(fsdp_utils.get_full_state_dict(self.actor_module, cpu_offload=True))
+
+    def _temperature(self) -> float:
+        return float(self.config.get("rollout", {}).get("temperature", 1.0))
+
+    # ------------------------------------------------------------------ group methods
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """One response per prompt row (the trainer repeats prompts `rollout.n` times first); see
+        `verl.workers.rollout.base.build_rollout_output` for the fields. Returned on CPU."""
+        self._require(self.rollout, "generate_sequences", "rollout, actor_rollout or actor_rollout_ref")
+        return self.rollout.generate_sequences(prompts).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """`old_log_probs` and `entropys` (bs, response_len) under the current actor at `rollout.temperature`.
+
+        meta_info["metrics"] gets `training/rollout_probs_diff_max`/`_mean` when `rollout_log_probs` is present.
+        """
+        self._require(self.actor, "compute_log_prob", "actor, actor_rollout or actor_rollout_ref")
+        rollout_cfg = self.config.rollout
+        data = _with_meta(
+            data,
+            temperature=self._temperature(),
+            micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
+            use_dynamic_bsz=bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False)),
+            max_token_len=rollout_cfg.get("log_prob_max_token_len_per_gpu", 16384),
+        )
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        log_probs, entropys = log_probs.cpu(), entropys.cpu()
+        metrics = {}
+        if "rollout_log_probs" in data.batch.keys():
+            metrics = rollout_probs_diff_metrics(data.batch["rollout_log_probs"], log_probs, _response_mask(data))
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropys}, meta_info={"metrics": metrics}
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` (bs, response_len) under the frozen reference model at `rollout.temperature`."""
+        self._require(self.ref_policy, "compute_ref_log_prob", "ref or actor_rollout_ref")
+        ref_cfg = self.config.get("ref", {})
+        data = _with_meta(
+            data,
+            temperature=self._temperature(),
+            micro_batch_size=ref_cfg.get("log_prob_micro_batch_size_per_gpu"),
+            use_dynamic_bsz=bool(ref_cfg.get("log_prob_use_dynamic_bsz", False)),
+            max_token_len=ref_cfg.get("log_prob_max_token_len_per_gpu", 16384),
+        )
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update of the actor on `data`, then the rollout engine gets the new weights.
+
+        Returns no rows; meta_info["metrics"] holds the actor's metrics plus `actor/lr` (the LR used).
+        """
+        self._require(self.actor, "update_actor", "actor, actor_rollout or actor_rollout_ref")
+        metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))
+        metrics["actor/lr"] = float(self.actor_lr_scheduler.get_last_lr()[0])
+        self.actor_lr_scheduler.step()
+        if self.rollout is not None:
+            self._sync_rollout_weights()
+        return _metrics_output(metrics)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
+        """Save the actor's sharded weights, optimizer, LR schedule and RNG (all ranks); HF copy with save_hf."""
+        self._require(self.actor, "save_checkpoint", "actor, actor_rollout or actor_rollout_ref")
+        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Restore what `save_checkpoint` wrote (same world size), then push the weights to the rollout."""
+        self._require(self.actor, "load_checkpoint", "actor, actor_rollout or actor_rollout_ref")
+        self.checkpoint_manager.load_checkpoint(local_path)
+        if self.rollout is not None:
+            self._sync_rollout_weights()
+
+
+# ----------------------------------------------------------------------------------------------- critic
+class CriticWorker(Worker):
+    """The value model of one rank. config: the `critic` section (with `rollout_n` copied in by the trainer)."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = _private_config(config)
+        self.device_name = get_device_name(self.config.get("device", "auto"))
+        n = _positive_int(self.config.get("rollout_n", 1), "critic.rollout_n")
+        normalize_batch_sizes(self.config, n, self.world_size, "critic")
+        _positive_int(self.config.get("forward_micro_batch_size_per_gpu"), "critic.forward_micro_batch_size_per_gpu")
+        self.critic: DataParallelPPOCritic | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the value model (`load_token_classification_model`, fresh zero head), FSDP2, AdamW, schedule."""
+        from transformers import AutoTokenizer
+
+        fsdp_utils.init_distributed()
+        model_cfg = self.config.model
+        trust = bool(model_cfg.get("trust_remote_code", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
+        )
+        dtype = str(model_cfg.get("dtype", "float32"))
+        module = fsdp_utils.load_token_classification_model(
+            model_cfg.path,
+            dtype="float32",
+            attn_implementation=_attn_implementation(model_cfg, self.device_name),
+            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+            trust_remote_code=trust,
+        )
+        self.critic_module = _wrap_fsdp2(module, self.config.get("fsdp_config"), dtype)
+        optim_cfg = self.config.optim
+        self.critic_optimizer = fsdp_utils.build_optimizer(self.critic_module, optim_cfg)
+        total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
+        self.critic_lr_scheduler = fsdp_utils.build_lr_scheduler(self.critic_optimizer, optim_cfg, total_steps)
+        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer)
+        self.checkpoint_manager = FSDPCheckpointManager(
+            self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, self.tokenizer
+        )
+
+    def _check_ready(self, method: str) -> None:
+        if self.critic is None:
+            raise RuntimeError(f"CriticWorker.{method} called before init_model")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """`values` (bs, response_len), 0 outside the response mask."""
+        self._check_ready("compute_values")
+        data = _with_meta(
+            data,
+            micro_batch_size=self.config.forward_micro_batch_size_per_gpu,
+            use_dynamic_bsz=bool(self.config.get("use_dynamic_bsz", False)),
+            max_token_len=self.config.get("forward_max_token_len_per_gpu", 16384),
+        )
+        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data).cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One value-function update; meta_info["metrics"] holds the critic metrics plus `critic/lr`."""
+        self._check_ready("update_critic")
+        metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = float(self.critic_lr_scheduler.get_last_lr()[0])
+        self.critic_lr_scheduler.step()
+        return _metrics_output(metrics)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
+        """Save the critic's sharded weights, optimizer, LR schedule and RNG (all ranks)."""
+        self._check_ready("save_checkpoint")
+        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> None:
+        """Restore what `save_checkpoint` wrote (same world size)."""
+        self._check_ready("load_checkpoint")
+        self.checkpoint_manager.load_checkpoint(local_path)
+
+
+# ----------------------------------------------------------------------------------------------- reward
+class RewardModelWorker(Worker):
+    """A frozen `AutoModelForSequenceClassification` (one label) scoring whole responses.
+
+    config: the `reward_model` section (`model.path`, `model.dtype`, `micro_batch_size_per_gpu`). The batch
+    must be tokenised with the reward model's own tokenizer (no re-tokenisation here).
+    """
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = _private_config(config)
+        self.device_name = get_device_name(self.config.get("device", "auto"))
+        self.micro_batch_size = _positive_int(
+            self.config.get("micro_batch_size_per_gpu", 16), "reward_model.micro_batch_size_per_gpu"
+        )
+        self.reward_module: nn.Module | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from transformers import AutoModelForSequenceClassification
+
+        fsdp_utils.init_distributed()
+        model_cfg = self.config.model
+        dtype = str(model_cfg.get("dtype", "float32"))
+        module = AutoModelForSequenceClassification.from_pretrained(
+            model_cfg.path,
+            num_labels=1,
+            dtype=_LOW_PRECISION.get(dtype, torch.float32),
+            attn_implementation=_attn_implementation(model_cfg, self.device_name),
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        )
+        if module.config.pad_token_id is None:  # HF refuses batches > 1 without one; its pooling is not used
+            module.config.pad_token_id = 0
+        self.score_head = _score_head(module)
+        self.reward_module = _freeze(fsdp_utils.apply_fsdp2(module))
+
+    @torch.no_grad()
+    def _sequence_scores(self, batch: Any) -> torch.Tensor:
+        """(bs,) score at each sequence's last attended token.
+
+        HF's own pooling looks for the last non-pad id, which breaks when pad == eos; instead the head's
+        per-token output (bs, seq_len, 1) is captured with a forward hook and read at the last attended position.
+        """
+        captured = {}
+        handle = self.score_head.register_forward_hook(lambda _m, _i, out: captured.__setitem__("scores", out))
+        try:
+            self.reward_module(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False,
+            )  # fmt: skip
+        finally:
+            handle.remove()
+        token_scores = captured["scores"][..., 0].float()  # (bs, seq_len)
+        last = (batch["position_ids"] * batch["attention_mask"]).argmax(dim=-1)
+        return token_scores[torch.arange(token_scores.shape[0], device=last.device), last]
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` (bs, response_len): the model's score at the last response token, 0 elsewhere."""
+        if self.reward_module is None:
+            raise RuntimeError("RewardModelWorker.compute_rm_score called before init_model")
+        device = next(self.reward_module.parameters()).device
+        response_mask = _response_mask(data)
+        scores = []
+        for micro in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
+            self.micro_batch_size
+        ):
+            scores.append(self._sequence_scores(micro.batch.to(device)).cpu())
+        scores = torch.cat(scores)
+        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+        last = (response_mask.sum(dim=-1).clamp(min=1) - 1).long()
+        rm_scores[torch.arange(len(scores)), last] = scores
+        return DataProto.from_dict(tensors={"rm_scores": rm_scores})
+
+
+def _score_head(module: nn.Module) -> nn.Module:
+    for name in ("score", "classifier"):
+        head = getattr(module, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ValueError(f"{type(module).__name__} has no `score` or `classifier` head to read token scores from")

@@ -1,0 +1,273 @@
+"""What every reward manager shares: decode responses, call the score function, check what it returns,
+and place each score at the last valid response token.
+
+Owns `RewardManagerBase` (constructor and `__call__` of verl's reward managers; subclasses change how
+samples are scored, `score_samples`, or how scores become rewards, `final_rewards`), `RewardSample`,
+`ScoreFailure`, `RewardFunctionError` and `normalize_result`. Layer 4: imports torch, `verl.protocol`
+and `verl.utils.reward_score`, never models or Ray.
+
+Failures (an exception, a timeout, or a result that is not a finite number / a dict with "score" / rlla's
+4-tuple): with `on_error="raise"` (default) a RewardFunctionError names the row, the data_source, the
+dataset index when the batch has one, and the bad value; with `on_error="zero"` the sample scores 0.0,
+and `reward_extra_info["reward_errors"]` holds 1 for it (0 for the others) so that the trainer logs the
+error rate as `reward_extra/reward_errors/mean`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.reward_score import default_compute_score
+
+__all__ = ["RewardFunctionError", "RewardManagerBase", "RewardSample", "ScoreFailure", "normalize_result"]
+
+ON_ERROR_CHOICES = ("raise", "zero")
+RLLA_TUPLE_KEYS = ("score", "format", "correctness", "length")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function failed or returned something that is not a score, for one named sample."""
+
+
+@dataclass
+class RewardSample:
+    """One row to score: the decoded response and where its score goes."""
+
+    row: int
+    data_source: Any
+    response_str: str
+    ground_truth: Any
+    extra_info: Any
+    dataset_index: Any  # non_tensor_batch["index"][row] when present, else None
+    response_length: int  # valid response tokens (up to the last one in the response mask)
+    last_position: int  # column of the score in (bs, response_length); 0 for an empty response
+
+    def describe(self) -> str:
+        index = "" if self.dataset_index is None else f", index={self.dataset_index!r}"
+        return f"row {self.row} (data_source={self.data_source!r}{index})"
+
+
+@dataclass
+class ScoreFailure:
+    """Why one sample has no score: a message and, when there was one, the exception."""
+
+    message: str
+    error: BaseException | None = None
+
+
+def _is_real(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, numbers.Real)
+
+
+def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
+    """A score function's result -> (score, extra info); ValueError/TypeError naming a bad value.
+
+    Allowed: a real number, a dict with a real "score" (all keys become extra info), or rlla's
+    `(score, format, correctness, length)` tuple.
+    """
+    extra: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise ValueError(f"returned a dict without 'score' (keys {sorted(map(str, value))})")
+        score, extra = value["score"], dict(value)
+    elif isinstance(value, tuple):
+        if len(value) != len(RLLA_TUPLE_KEYS):
+            raise ValueError(
+                f"returned a tuple of length {len(value)}: {value!r:.200}; allowed: a number, a dict with "
+                "'score', or rlla's (score, format, correctness, length)"
+            )
+        score, extra = value[0], dict(zip(RLLA_TUPLE_KEYS, value))
+    else:
+        score = value
+    if not _is_real(score):
+        raise TypeError(f"returned score {score!r:.200} of type {type(score).__name__}; expected a real number")
+    score = float(score)
+    if not math.isfinite(score):
+        raise ValueError(f"returned a non-finite score {score}")
+    return score, extra
+
+
+def accepts_keyword(fn: Callable, name: str) -> bool:
+    """Whether `fn` takes a keyword argument `name` (explicitly or through **kwargs)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def response_mask_of(data: DataProto) -> torch.Tensor:
+    """(bs, response_length) mask of valid response tokens: `response_mask`, else the attention mask's tail."""
+    responses = data.batch["responses"]
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    return data.batch["attention_mask"][:, -responses.shape[-1] :]
+
+
+class RewardManagerBase:
+    """verl's reward-manager contract: `manager(data, return_dict=False)` -> token-level scores.
+
+    Args:
+        tokenizer: decodes `responses` (`skip_special_tokens=True`).
+        num_examine: responses printed per data_source per call (0 = none).
+        compute_score: `fn(data_source, solution_str, ground_truth, extra_info, **kwargs)`; default
+            `default_compute_score`.
+        reward_fn_key: the non-tensor column naming each row's data source.
+        on_error: "raise" or "zero" (see the module docstring).
+        **score_kwargs: extra keyword arguments for every `compute_score` call (e.g. rlla flags).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        on_error: str = "raise",
+        **score_kwargs: Any,
+    ) -> None:
+        if on_error not in ON_ERROR_CHOICES:
+            raise ValueError(f"on_error={on_error!r}; allowed: {ON_ERROR_CHOICES}")
+        self.tokenizer = tokenizer
+        self.num_examine = int(num_examine)
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.on_error = on_error
+        self.score_kwargs = score_kwargs
+
+    # ------------------------------------------------------------------ decoding
+    def decode_samples(self, data: DataProto) -> list[RewardSample]:
+        """One RewardSample per row: the response up to its last valid token, decoded without specials."""
+        non_tensors = data.non_tensor_batch
+        for key in (self.reward_fn_key, "reward_model"):
+            if key not in non_tensors:
+                raise KeyError(
+                    f"reward manager needs non_tensor_batch[{key!r}]; the batch has {sorted(non_tensors)} "
+                    "(the data source column is set by data.reward_fn_key)"
+                )
+        mask = response_mask_of(data)
+        positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+        lengths = (mask.bool() * positions).max(dim=-1).values.tolist()  # last valid position + 1, 0 if none
+        responses = data.batch["responses"]
+        samples = []
+        for row, length in enumerate(lengths):
+            reward_model = non_tensors["reward_model"][row]
+            if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+                raise KeyError(f"row {row}: reward_model must be a dict with 'ground_truth', got {reward_model!r:.200}")
+            samples.append(
+                RewardSample(
+                    row=row,
+                    data_source=non_tensors[self.reward_fn_key][row],
+                    response_str=self.tokenizer.decode(responses[row, :length].tolist(), skip_special_tokens=True),
+                    ground_truth=reward_model["ground_truth"],
+                    extra_info=non_tensors["extra_info"][row] if "extra_info" in non_tensors else None,
+                    dataset_index=non_tensors["index"][row] if "index" in non_tensors else None,
+                    response_length=int(length),
+                    last_position=max(int(length) - 1, 0),
+                )
+            )
+        return samples
+
+    def call_kwargs(self, data: DataProto) -> dict[str, Any]:
+        """Keyword arguments of every score call: `score_kwargs`, plus `step` from meta_info["global_steps"]."""
+        kwargs = dict(self.score_kwargs)
+        step = data.meta_info.get("global_steps")
+        if step is not None and accepts_keyword(self.compute_score, "step"):
+            kwargs["step"] = int(step)
+        return kwargs
+
+    # ------------------------------------------------------------------ scoring (subclasses override)
+    def score_one(self, sample: RewardSample, kwargs: dict[str, Any]) -> Any:
+        return self.compute_score(
+            data_source=sample.data_source,
+            solution_str=sample.response_str,
+            ground_truth=sample.ground_truth,
+            extra_info=sample.extra_info,
+            **kwargs,
+        )
+
+    def score_samples(self, samples: list[RewardSample], kwargs: dict[str, Any]) -> list[Any]:
+        """Raw results, one per sample (a ScoreFailure where scoring failed); sequential by default."""
+        outcomes: list[Any] = []
+        for sample in samples:
+            try:
+                outcomes.append(self.score_one(sample, kwargs))
+            except Exception as err:  # reported per sample below, by on_error
+                if self.on_error == "raise":
+                    raise self._error(sample, f"{type(err).__name__}: {err}") from err
+                outcomes.append(ScoreFailure(f"{type(err).__name__}: {err}", err))
+        return outcomes
+
+    def final_rewards(self, samples: list[RewardSample], scores: list[float], extra: dict[str, list]) -> list[float]:
+        """Per-sample rewards from the scores (DAPO adds its overlong penalty here)."""
+        return scores
+
+    # ------------------------------------------------------------------ assembling
+    def _error(self, sample: RewardSample, message: str) -> RewardFunctionError:
+        name = getattr(self.compute_score, "__name__", type(self.compute_score).__name__)
+        return RewardFunctionError(f"reward function {name} on {sample.describe()}: {message}")
+
+    def _collect(self, samples: list[RewardSample], outcomes: list[Any]) -> tuple[list[float], dict[str, list]]:
+        scores, extras, errors = [], [], []
+        for sample, outcome in zip(samples, outcomes):
+            if not isinstance(outcome, ScoreFailure):
+                try:
+                    score, extra = normalize_result(outcome)
+                except (TypeError, ValueError) as err:
+                    outcome = ScoreFailure(str(err))
+            if isinstance(outcome, ScoreFailure):
+                if self.on_error == "raise":
+                    raise self._error(sample, outcome.message) from outcome.error
+                score, extra = 0.0, {}
+            scores.append(score)
+            extras.append(extra)
+            errors.append(int(isinstance(outcome, ScoreFailure)))
+        keys = list(dict.fromkeys(key for extra in extras for key in extra))
+        extra_info = {key: [extra.get(key) for extra in extras] for key in keys}
+        if self.on_error == "zero":
+            extra_info["reward_errors"] = errors
+            if any(errors):
+                first = samples[errors.index(1)]
+                print(f"reward: {sum(errors)}/{len(samples)} samples failed and scored 0; first: {first.describe()}")
+        return scores, extra_info
+
+    def _examine(self, samples: list[RewardSample], rewards: list[float]) -> None:
+        printed: dict[Any, int] = {}
+        for sample, reward in zip(samples, rewards):
+            if printed.get(sample.data_source, 0) >= self.num_examine:
+                continue
+            printed[sample.data_source] = printed.get(sample.data_source, 0) + 1
+            print(f"[{sample.data_source}] response: {sample.response_str!r:.500}")
+            print(f"[{sample.data_source}] ground_truth: {sample.ground_truth!r:.300}  reward: {reward:.4f}")
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """Token-level scores (bs, response_length): each reward at its response's last valid token.
+
+        With `return_dict`: {"reward_tensor": that tensor, "reward_extra_info": {key: [one value per sample]}}.
+        A batch that already has `rm_scores` (a reward model's output) is returned as is.
+        """
+        if "rm_scores" in data.batch.keys():
+            tensor = data.batch["rm_scores"]
+            return {"reward_tensor": tensor, "reward_extra_info": {}} if return_dict else tensor
+        samples = self.decode_samples(data)
+        outcomes = self.score_samples(samples, self.call_kwargs(data))
+        scores, extra_info = self._collect(samples, outcomes)
+        rewards = self.final_rewards(samples, scores, extra_info)
+        responses = data.batch["responses"]
+        tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        rows = torch.arange(len(samples), device=responses.device)
+        columns = torch.tensor([s.last_position for s in samples], dtype=torch.long, device=responses.device)
+        tensor[rows, columns] = torch.tensor(rewards, dtype=torch.float32, device=responses.device)
+        if self.num_examine > 0:
+            self._examine(samples, rewards)
+        return {"reward_tensor": tensor, "reward_extra_info": extra_info} if return_dict else tensor
