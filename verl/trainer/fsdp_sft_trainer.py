@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
@@ -341,9 +343,20 @@ def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
     return last_saved
 
 
+# configuration and data mistakes: `main` prints them as one line and exits 1 (VERL_FULL_ERROR=1: traceback)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError, OmegaConfBaseException)
+
+
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    path = run_sft(config)
+    try:
+        path = run_sft(config)
+    except USER_ERRORS as e:  # a configuration or data mistake: one line on stderr, exit code 1
+        if os.environ.get("VERL_FULL_ERROR") == "1":
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {type(e).__name__}: {message}", file=sys.stderr)
+        sys.exit(1)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"final checkpoint: {path}", flush=True)
 

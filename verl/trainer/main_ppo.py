@@ -42,6 +42,41 @@ def _check_paths(config: DictConfig) -> None:
             f"actor_rollout_ref.model.path={model_path!r} is not a directory (an HF model folder is needed; "
             f"nothing is downloaded)"
         )
+    _check_model_is_causal_lm(model_path)
+    _check_rollout_name(config.actor_rollout_ref.rollout.name)
+    _check_custom_reward(config)
+
+
+def _check_model_is_causal_lm(model_path: str) -> None:
+    """The model folder must hold an HF config of a causal LM (checked before Ray and the workers start)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.path={model_path!r} has no config.json (an HF model folder is needed)"
+        )
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(
+            f"actor_rollout_ref.model.path={model_path!r} is a {model_type!r} model, not a causal LM "
+            f"(AutoModelForCausalLM supports e.g. qwen2, llama, gpt2)"
+        )
+
+
+def _check_rollout_name(name: str) -> None:
+    from verl.workers.rollout import get_rollout_class
+
+    get_rollout_class(name)  # unknown name -> ValueError listing the known engines
+
+
+def _check_custom_reward(config: DictConfig) -> None:
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    try:
+        get_custom_reward_fn(config)
+    except (AttributeError, TypeError) as err:  # a missing or non-callable function name
+        raise ValueError(str(err)) from err
 
 
 def init_ray(config: DictConfig) -> None:
@@ -92,16 +127,12 @@ def build_trainer(config: DictConfig):
 
     n_proc = int(config.trainer.n_gpus_per_node)
     nnodes = int(config.trainer.nnodes)
-    init_ray(config)
-    cpus_per_worker = config.trainer.get("cpus_per_worker")
-    if cpus_per_worker is None:
-        cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // (n_proc * nnodes))
     pool_manager = ResourcePoolManager(
         resource_pool_spec={"global_pool": [n_proc] * nnodes},
         mapping={Role.ActorRollout: "global_pool", Role.Critic: "global_pool"},
         use_gpu=device == "cuda",
-        cpus_per_process=int(cpus_per_worker),
     )
+    # the trainer checks the whole config before Ray starts, so mistakes fail in seconds
     trainer = RayPPOTrainer(
         config=config,
         tokenizer=tokenizer,
@@ -113,6 +144,11 @@ def build_trainer(config: DictConfig):
         val_dataset=val_dataset,
         collate_fn=collate_fn,
     )
+    init_ray(config)
+    cpus_per_worker = config.trainer.get("cpus_per_worker")
+    if cpus_per_worker is None:
+        cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // (n_proc * nnodes))
+    pool_manager.cpus_per_process = int(cpus_per_worker)
     trainer.init_workers()
     return trainer
 

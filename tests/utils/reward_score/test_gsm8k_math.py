@@ -8,7 +8,8 @@ import pytest
 
 from verl.utils.reward_score import default_compute_score, gsm8k, math_reward
 
-GSM8K_DIR = "/work/shared/data/gsm8k"
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared")
+GSM8K_DIR = os.path.join(SHARED, "data", "gsm8k")  # ../shared beside the repository
 
 
 def _gsm8k_rows(split: str) -> list[dict]:

@@ -2,9 +2,10 @@
 
 Owns: the advantage-estimator registry (`register_adv_est`, `get_adv_estimator_fn`, `AdvantageEstimator`) and
 its estimators (gae, grpo, rloo, remax, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk,
-reinforce), the policy-loss registry (`register_policy_loss`, `get_policy_loss_fn`) and its losses (vanilla, gspo,
-clip_cov, kl_cov, gpg, cispo, reinforce, topr), `agg_loss`, `kl_penalty`, the KL controllers, the value and
-entropy losses, and the two `DataProto` steps the trainer calls: `apply_kl_penalty` and `compute_advantage`.
+reinforce), the policy-loss registry (`register_policy_loss`, `get_policy_loss_fn`), `agg_loss`, the value and
+entropy losses, `get_kl_controller` and the `DataProto` step the trainer calls: `compute_advantage`.
+The built-in policy losses live in `policy_loss.py` and the KL estimators, controllers and `apply_kl_penalty` in
+`kl.py`; this module re-exports them all, so `core_algos.<name>` keeps working and importing it registers the losses.
 Layer 3 (DESIGN.md): imports torch, numpy, `verl.utils.torch_functional` and `verl.protocol` only; no models,
 Ray or I/O. The numbers follow verl 0.9.1 as written in specs/core_algos.md. Estimators run without gradient.
 """
@@ -21,11 +22,21 @@ import numpy as np
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.trainer.ppo.kl import (
+    KL_PENALTY_MODES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 __all__ = [
+    "LOSS_AGG_MODES",
+    "KL_PENALTY_MODES",
+    "GLOBAL_BATCH_KEYS",
     "AdvantageEstimator",
     "register_adv_est",
     "get_adv_estimator_fn",
@@ -40,11 +51,17 @@ __all__ = [
     "get_kl_controller",
     "apply_kl_penalty",
     "compute_advantage",
+    "compute_policy_loss_vanilla",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_topr",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_PENALTY_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-GLOBAL_BATCH_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
 
 # ----------------------------------------------------------------------------------------------- registries
@@ -447,311 +464,7 @@ def agg_loss(
     raise ValueError(f"Invalid loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
 
 
-def _agg_kwargs(config: Any) -> dict[str, Any]:
-    """agg_loss's global-batch arguments from config.global_batch_info (and config.loss_scale_factor)."""
-    info = dict(_cfg_get(config, "global_batch_info", None) or {})
-    unknown = sorted(set(info) - set(GLOBAL_BATCH_KEYS))
-    if unknown:
-        raise ValueError(f"global_batch_info has unknown keys {unknown}; allowed: {list(GLOBAL_BATCH_KEYS)}")
-    if "loss_scale_factor" not in info and _cfg_get(config, "loss_scale_factor", None) is not None:
-        info["loss_scale_factor"] = _cfg_get(config, "loss_scale_factor", None)
-    return info
-
-
-def _apply_tis(
-    pg_losses: torch.Tensor, old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: Any
-) -> torch.Tensor:
-    """Truncated importance sampling (verl's TIS): pg_losses * min(exp(old_logp - rollout_logp), cap), if cap > 0."""
-    cap = _cfg_get(config, "tis_imp_ratio_cap", -1)
-    if cap <= 0 or rollout_log_probs is None:
-        return pg_losses
-    weights = torch.exp(old_log_prob - rollout_log_probs).clamp(max=cap).detach()
-    return pg_losses * weights
-
-
-def _metrics(pg_clipfrac: Any = 0.0, ppo_kl: Any = 0.0, pg_clipfrac_lower: Any = 0.0) -> dict[str, float]:
-    def as_float(value: Any) -> float:
-        return value.detach().item() if isinstance(value, torch.Tensor) else float(value)
-
-    return {
-        "actor/pg_clipfrac": as_float(pg_clipfrac),
-        "actor/ppo_kl": as_float(ppo_kl),
-        "actor/pg_clipfrac_lower": as_float(pg_clipfrac_lower),
-    }
-
-
-def _clip_range(config: Any) -> tuple[float, float]:
-    clip_ratio = _cfg_get(config, "clip_ratio", 0.2)
-    return _cfg_get(config, "clip_ratio_low", clip_ratio), _cfg_get(config, "clip_ratio_high", clip_ratio)
-
-
-# ------------------------------------------------------------------------------------------------ policy losses
-
-
-@register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with dual clip
-    (Ye et al. 2019, https://arxiv.org/abs/1912.09729) and asymmetric clip-higher (DAPO).
-
-    ratio = exp(clamp(logp - old_logp, -20, 20)); L = max(-A*ratio, -A*clip(ratio, 1-eps_low, 1+eps_high));
-    for A < 0: L = min(L, -A*clip_ratio_c). Config: clip_ratio (0.2), clip_ratio_low/high (default clip_ratio),
-    clip_ratio_c (3.0, must be > 1). Shapes: all (bs, response_length).
-    """
-    clip_low, clip_high = _clip_range(config)
-    clip_ratio_c = _cfg_get(config, "clip_ratio_c", 3.0)
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
-
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
-
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clipped = torch.maximum(pg_losses1, pg_losses2)
-    pg_clipfrac = verl_F.masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
-
-    pg_losses3 = -advantages * clip_ratio_c
-    dual_clipped = torch.min(pg_losses3, clipped)
-    pg_clipfrac_lower = verl_F.masked_mean(torch.gt(clipped, pg_losses3) * (advantages < 0).float(), response_mask)
-
-    pg_losses = torch.where(advantages < 0, dual_clipped, clipped)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    return pg_loss, _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower)
-
-
-@register_policy_loss("gspo")
-def compute_policy_loss_gspo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
-
-    Sequence ratio s_i = exp(mean_t(logp - old_logp)); per token s_{i,t} = sg[s_i] * pi / sg[pi], i.e.
-    log s_{i,t} = sg[log s_i] + logp - sg[logp], clamped at 10. L = max(-A*s, -A*clip(s, 1-eps_low, 1+eps_high)).
-    Always aggregated "seq-mean-token-mean" whatever `loss_agg_mode` says (verl does the same).
-    """
-    clip_low, clip_high = _clip_range(config)
-    log_ratio = log_prob - old_log_prob
-    seq_lengths = torch.sum(response_mask, dim=-1).clamp(min=1)
-    seq_log_ratio = torch.sum(log_ratio * response_mask, dim=-1) / seq_lengths
-    log_seq_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
-    seq_ratio = torch.exp(torch.clamp(log_seq_ratio, max=10.0))
-
-    pg_losses1 = -advantages * seq_ratio
-    pg_losses2 = -advantages * torch.clamp(seq_ratio, 1 - clip_low, 1 + clip_high)
-    pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **_agg_kwargs(config))
-
-    pg_clipfrac = verl_F.masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
-    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
-    return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
-
-
-@register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, https://arxiv.org/abs/2505.22617).
-
-    PPO clipped loss, plus: among the tokens not already clipped whose covariance
-    cov = (A - mean A) * (logp - mean logp) lies in (clip_cov_lb, clip_cov_ub), a random
-    max(1, int(clip_cov_ratio * n_tokens)) of them get no gradient (loss zeroed). Config.policy_loss:
-    clip_cov_ratio (0.0002), clip_cov_lb (1.0), clip_cov_ub (5.0). pg_clipfrac = share of zeroed tokens.
-    """
-    policy_cfg = _cfg_get(config, "policy_loss", None)
-    clip_cov_ratio = _cfg_get(policy_cfg, "clip_cov_ratio", 0.0002)
-    clip_cov_lb = _cfg_get(policy_cfg, "clip_cov_lb", 1.0)
-    clip_cov_ub = _cfg_get(policy_cfg, "clip_cov_ub", 5.0)
-    if clip_cov_ratio <= 0:
-        raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    clip_low, clip_high = _clip_range(config)
-
-    log_ratio = log_prob - old_log_prob
-    ratio = torch.exp(log_ratio)
-    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clipped_by_ppo = (pg_losses2 > pg_losses1) & (response_mask > 0)
-
-    cov = (advantages - verl_F.masked_mean(advantages, response_mask)) * (
-        log_prob - verl_F.masked_mean(log_prob.detach(), response_mask)
-    )
-    cov = cov.detach().masked_fill((response_mask == 0) | clipped_by_ppo, -torch.inf)
-    candidates = torch.nonzero((cov < clip_cov_ub) & (cov > clip_cov_lb) & (response_mask > 0))
-    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
-    chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:clip_num]]
-    keep = torch.ones_like(advantages)
-    keep[chosen[:, 0], chosen[:, 1]] = 0
-    pg_clipfrac = verl_F.masked_mean((keep == 0).float(), response_mask)
-
-    pg_losses = torch.maximum(pg_losses1, pg_losses2) * keep
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
-
-
-@register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
-
-    Unclipped surrogate L = -A * ratio; on the max(1, int(kl_cov_ratio * n_tokens)) tokens with the largest
-    covariance (A - mean A) * (logp - mean logp) add ppo_kl_coef * |logp - old_logp|. Config.policy_loss:
-    kl_cov_ratio (0.0002), ppo_kl_coef (0.1). Metric actor/ppo_kl is the mean |logp - old_logp|, as in verl.
-    """
-    policy_cfg = _cfg_get(config, "policy_loss", None)
-    kl_cov_ratio = _cfg_get(policy_cfg, "kl_cov_ratio", 0.0002)
-    ppo_kl_coef = _cfg_get(policy_cfg, "ppo_kl_coef", 0.1)
-    if kl_cov_ratio <= 0:
-        raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-
-    log_ratio = log_prob - old_log_prob
-    abs_kl = log_ratio.abs()
-    ratio = torch.exp(log_ratio)
-    ppo_kl_abs = verl_F.masked_mean(abs_kl, response_mask)
-    pg_losses = -advantages * ratio
-
-    valid = response_mask > 0
-    valid_flat_idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
-    if len(valid_flat_idx) > 0:
-        valid_adv = advantages[valid].detach()
-        valid_logp = log_prob[valid].detach()
-        cov = (valid_adv - valid_adv.mean()) * (valid_logp - valid_logp.mean())
-        k = max(1, int(len(cov) * kl_cov_ratio))
-        top_flat_idx = valid_flat_idx[torch.topk(cov, k, largest=True).indices]
-        penalise = torch.zeros(advantages.numel(), dtype=torch.bool, device=advantages.device)
-        penalise[top_flat_idx] = True
-        pg_losses = torch.where(penalise.reshape(advantages.shape), pg_losses + ppo_kl_coef * abs_kl, pg_losses)
-
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    return pg_loss, _metrics(0.0, ppo_kl_abs, 0.0)
-
-
-@register_policy_loss("gpg")
-def compute_policy_loss_gpg(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Group Policy Gradient loss (Chu et al. 2025, https://arxiv.org/abs/2504.02546): L = -logp * A, no ratio,
-    no clip; pair it with the `gpg` advantage estimator."""
-    pg_losses = _apply_tis(-log_prob * advantages, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    ppo_kl = verl_F.masked_mean(old_log_prob - log_prob, response_mask)
-    return pg_loss, _metrics(0.0, ppo_kl, 0.0)
-
-
-@register_policy_loss("cispo")
-def compute_policy_loss_cispo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clip the importance weight, never the gradient.
-
-    ratio = exp(clamp(logp - old_logp, -20, 20)); L = -sg[clip(ratio, 1-eps_low, 1+eps_high)] * A * logp, so every
-    token keeps a REINFORCE gradient. pg_clipfrac = share of tokens whose ratio was clipped.
-    """
-    clip_low, clip_high = _clip_range(config)
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
-    clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    pg_losses = -clipped_ratio.detach() * advantages * log_prob
-    pg_clipfrac = verl_F.masked_mean((ratio != clipped_ratio).float(), response_mask)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
-
-
-@register_policy_loss("reinforce")
-def compute_policy_loss_reinforce(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Plain REINFORCE (Williams 1992; AReaL's REINFORCE loss): L = -logp * A, on-policy, no importance ratio."""
-    pg_losses = _apply_tis(-log_prob * advantages, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    ppo_kl = verl_F.masked_mean(old_log_prob - log_prob, response_mask)
-    return pg_loss, _metrics(0.0, ppo_kl, 0.0)
-
-
-@register_policy_loss("topr")
-def compute_policy_loss_topr(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_log_probs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Tapered Off-Policy REINFORCE (Le Roux et al. 2025, https://arxiv.org/abs/2503.14286; ROLL's `topr`).
-
-    Tokens with A > 0: L = -w_pos * A * logp (SFT-like, no importance weight); tokens with A <= 0:
-    L = -w_neg * sg[clip(ratio, 0, 1)] * A * logp. ROLL splits by the sequence score's sign; here the sign of
-    the advantage is used (the same for outcome rewards). Config: topr_positive_weight, topr_negative_weight (1.0).
-    pg_clipfrac = share of negative tokens whose ratio exceeded 1.
-    """
-    w_pos = _cfg_get(config, "topr_positive_weight", 1.0)
-    w_neg = _cfg_get(config, "topr_negative_weight", 1.0)
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    positive = advantages > 0
-    positive_losses = -w_pos * advantages * log_prob
-    negative_losses = -w_neg * torch.clamp(ratio, 0.0, 1.0).detach() * advantages * log_prob
-    pg_losses = torch.where(positive, positive_losses, negative_losses)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
-    pg_clipfrac = verl_F.masked_mean(((ratio > 1.0) & ~positive).float(), response_mask)
-    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
-    return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
-
-
-# ------------------------------------------------------------------------------------- value, entropy, KL
+# ----------------------------------------------------------------------------------------- value, entropy
 
 
 def compute_value_loss(
@@ -795,68 +508,6 @@ def compute_entropy_loss(
     return agg_loss(verl_F.entropy_from_logits(logits), response_mask, loss_agg_mode)
 
 
-def _kl_value(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:
-    if mode in ("kl", "k1"):
-        return logprob - ref_logprob
-    if mode == "abs":
-        return (logprob - ref_logprob).abs()
-    if mode in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-    if mode in ("low_var_kl", "k3"):
-        log_ratio = torch.clamp(ref_logprob - logprob, min=-20, max=20)
-        return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, min=-10, max=10)
-    if mode == "full":
-        raise ValueError("kl_penalty 'full' needs the whole vocabulary distribution and is not supported")
-    modes = list(KL_PENALTY_MODES) + [m + "+" for m in KL_PENALTY_MODES]
-    raise ValueError(f"Unknown kl_penalty {mode!r}; choose one of {modes}")
-
-
-def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """Per-token KL estimate of KL(pi || pi_ref) from sampled-token log-probs (Schulman, http://joschu.net/blog/kl-approx.html).
-
-    kl/k1: logp - ref; abs: |logp - ref|; mse/k2: 0.5 (logp - ref)^2;
-    low_var_kl/k3: x = clamp(ref - logp, -20, 20), clamp(exp(x) - x - 1, -10, 10).
-    A "+" suffix (e.g. "k3+") keeps the base estimator's value but takes the gradient of k2 (straight-through),
-    which is the unbiased KL gradient; "k2+"/"mse+" are plain k2. Shapes: (bs, response_length).
-    """
-    return _kl_estimate(logprob, ref_logprob, kl_penalty)
-
-
-def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:
-    base = mode[:-1] if mode.endswith("+") else mode
-    value = _kl_value(logprob, ref_logprob, base)
-    if not mode.endswith("+") or base in ("mse", "k2"):
-        return value
-    k2 = 0.5 * (logprob - ref_logprob).square()
-    return k2 - k2.detach() + value.detach()
-
-
-class FixedKLController:
-    """Constant KL coefficient `value`."""
-
-    def __init__(self, kl_coef: float):
-        self.value = kl_coef
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        """No-op."""
-
-
-class AdaptiveKLController:
-    """Adaptive KL coefficient (Ziegler et al. 2019, https://arxiv.org/abs/1909.08593).
-
-    update: err = clip(current_kl / target_kl - 1, -0.2, 0.2); value *= 1 + err * n_steps / horizon.
-    """
-
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
-        self.value = init_kl_coef
-        self.target = target_kl
-        self.horizon = horizon
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = np.clip(current_kl / self.target - 1, -0.2, 0.2)
-        self.value *= 1 + proportional_error * n_steps / self.horizon
-
-
 def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
     """KL controller from config keys type (fixed | adaptive), kl_coef, target_kl, horizon."""
     ctrl_type = _cfg_get(kl_ctrl_config, "type", None)
@@ -872,25 +523,6 @@ def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLCont
 
 
 # -------------------------------------------------------------------------------------- DataProto steps
-
-
-def apply_kl_penalty(
-    data: DataProto, kl_ctrl: FixedKLController | AdaptiveKLController, kl_penalty: str = "kl"
-) -> tuple[DataProto, dict[str, float]]:
-    """KL in the reward: token_level_rewards = token_level_scores - beta * kl(old_log_probs, ref_log_prob) * mask.
-
-    Reads batch keys token_level_scores, old_log_probs, ref_log_prob, response_mask; writes token_level_rewards.
-    Updates `kl_ctrl` with the batch mean of per-sequence mean KL and returns metrics
-    actor/reward_kl_penalty (that KL) and actor/reward_kl_penalty_coeff (the beta used).
-    """
-    batch = data.batch
-    response_mask = batch["response_mask"]
-    kld = _kl_estimate(batch["old_log_probs"], batch["ref_log_prob"], kl_penalty) * response_mask
-    beta = kl_ctrl.value
-    batch["token_level_rewards"] = batch["token_level_scores"] - beta * kld
-    current_kl = torch.mean(verl_F.masked_mean(kld, response_mask, axis=-1), dim=0).item()
-    kl_ctrl.update(current_kl=current_kl, n_steps=batch.batch_size[0])
-    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
 
 
 def _estimator_kwargs(fn: Callable, available: dict[str, Any], name: str) -> dict[str, Any]:
@@ -960,3 +592,21 @@ def compute_advantage(
     batch["advantages"] = advantages
     batch["returns"] = returns
     return data
+
+
+# ------------------------------------------------------------------------------------ built-in policy losses
+
+# Imported last, on purpose: policy_loss.py imports `register_policy_loss`, `agg_loss` and `_cfg_get` from this
+# module (at its own end), so they must be defined before this line runs. Importing it here registers the built-in
+# losses whenever core_algos is imported and re-exports them under their old names.
+from verl.trainer.ppo.policy_loss import (  # noqa: E402
+    GLOBAL_BATCH_KEYS,
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_topr,
+    compute_policy_loss_vanilla,
+)
