@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-SUPPORTED_BACKENDS = ("console", "tensorboard", "wandb")
+SUPPORTED_BACKENDS = ("console", "tensorboard", "wandb", "file")  # file: metrics.jsonl, always written
 
 # metrics shown on the one console line per step, in this order, when present
 CONSOLE_KEYS = (

@@ -53,7 +53,10 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     critic/values (+ vf_explained_var), response_length and prompt_length (mean/max/min/clip_ratio)."""
     response_mask = batch.batch["response_mask"].bool()
     metrics: dict[str, float] = {}
-    metrics.update(_stats("critic/score", batch.batch["token_level_scores"].sum(-1)))
+    scores = batch.batch["token_level_scores"].sum(-1)
+    metrics.update(_stats("critic/score", scores))
+    if "uid" in batch.non_tensor_batch:
+        metrics["critic/score/zero_std_frac"] = zero_std_fraction(scores, batch.non_tensor_batch["uid"])
     metrics.update(_stats("critic/rewards", batch.batch["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", torch.masked_select(batch.batch["advantages"], response_mask)))
     returns = torch.masked_select(batch.batch["returns"], response_mask)
@@ -69,6 +72,26 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt).float().mean().item()
     return metrics
+
+
+def zero_std_fraction(scores: torch.Tensor, uids) -> float:
+    """Share of prompt groups (same uid) whose samples all got the same score: such groups give GRPO
+    zero advantages, the first thing to look at when the policy loss is 0."""
+    groups: dict[Any, list[float]] = defaultdict(list)
+    for uid, score in zip(uids, scores.tolist()):
+        groups[uid].append(score)
+    if not groups:
+        return 0.0
+    return sum(1 for values in groups.values() if max(values) == min(values)) / len(groups)
+
+
+def peak_memory_gb() -> float:
+    """Peak GPU memory allocated on this process when CUDA is used, else the process's peak RSS (GiB)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
 
 
 def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:
@@ -91,7 +114,11 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n
     """`perf/total_num_tokens`, `perf/time_per_step`, `perf/throughput` (tokens per second per worker)."""
     total_tokens = int(batch.batch["attention_mask"].sum().item())
     step_time = timing_raw.get("step", 0.0)
-    metrics = {"perf/total_num_tokens": total_tokens, "perf/time_per_step": step_time}
+    metrics = {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": step_time,
+        "perf/max_memory_allocated_gb": peak_memory_gb(),  # of the driver; workers report their own
+    }
     if step_time > 0:
         metrics["perf/throughput"] = total_tokens / step_time / max(1, n_workers)
     return metrics
