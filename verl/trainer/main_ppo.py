@@ -56,8 +56,12 @@ def _check_model_is_causal_lm(model_path: str) -> None:
         raise FileNotFoundError(
             f"actor_rollout_ref.model.path={model_path!r} has no config.json (an HF model folder is needed)"
         )
-    model_type = AutoConfig.from_pretrained(model_path).model_type
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    hf_config = AutoConfig.from_pretrained(model_path)
+    model_type = hf_config.model_type
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    # an architecture list naming no LM head (e.g. BertModel) is an encoder checkpoint, even if the type has one
+    headless = architectures and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or headless:
         raise ValueError(
             f"actor_rollout_ref.model.path={model_path!r} is a {model_type!r} model, not a causal LM "
             f"(AutoModelForCausalLM supports e.g. qwen2, llama, gpt2)"

@@ -1,0 +1,386 @@
+"""Bad-input corpus: every case runs a real entry point in a subprocess and must exit non-zero, end stderr
+with one `error: ...` line naming the bad value (and/or what is allowed), and leave the files of an earlier
+run (output parquet, checkpoint folder, metrics log) byte-for-byte and mtime-for-mtime untouched.
+
+Entry points: `dataset/rlla_4k_raw/rlla.py`, `examples/data_preprocess/gsm8k.py` (cheap, in bulk),
+`python -m verl.trainer.main_ppo` (config mistakes caught before Ray starts) and
+`python -m verl.trainer.fsdp_sft_trainer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RLLA = str(REPO / "dataset" / "rlla_4k_raw" / "rlla.py")
+GSM8K = str(REPO / "examples" / "data_preprocess" / "gsm8k.py")
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def good(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
+    """Shared valid inputs: the tiny model, an RL train parquet and an SFT parquet."""
+    out = tmp_path_factory.mktemp("good")
+    records = generate_records(12, seed=5)
+    pd.DataFrame(records_to_rows(records, "train")).to_parquet(out / "train.parquet")
+    sft_rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(8)
+    ]
+    pd.DataFrame(sft_rows).to_parquet(out / "sft.parquet")
+    return {"model": tiny_model_dir, "train": str(out / "train.parquet"), "sft": str(out / "sft.parquet")}
+
+
+def _make_previous_run(prev: Path, good: dict[str, str]) -> None:
+    """Files an earlier run left behind: output parquets, a checkpoint folder and a metrics log."""
+    (prev / "data").mkdir(parents=True)
+    shutil.copy(good["train"], prev / "data" / "train.parquet")
+    shutil.copy(good["train"], prev / "data" / "test.parquet")
+    step = prev / "grpo_tiny" / "global_step_1"
+    step.mkdir(parents=True)
+    (step / "model.safetensors").write_bytes(b"\x00weights-of-an-earlier-run" * 64)
+    (step / "COMPLETE").write_text("1\n")
+    (prev / "grpo_tiny" / "latest_checkpointed_iteration.txt").write_text("1\n")
+    (prev / "logs").mkdir()
+    (prev / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/pg_loss": 0.5}) + "\n")
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+# ------------------------------------------------------------------------------------------ the corpus
+@dataclass
+class Ctx:
+    good: dict[str, str]
+    inp: Path  # folder for this case's bad inputs
+    prev: Path  # the earlier run's folder; every case writes its outputs here
+
+
+@dataclass
+class Case:
+    id: str
+    entry: str  # rlla | gsm8k | ppo | sft
+    args: Callable[[Ctx], list[str]]
+    expect: list[str]  # substrings of the last stderr line
+    setup: Callable[[Ctx], None] = field(default=lambda ctx: None)
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def _rlla(content: str | None) -> Callable[[Ctx], list[str]]:
+    def args(ctx: Ctx) -> list[str]:
+        path = ctx.inp / "raw.json"
+        if content is not None:
+            _write(path, content)
+        return ["--input", str(path), "--local_dir", str(ctx.prev / "data")]
+
+    return args
+
+
+GOOD_RECORD = {"instruction": "use tools", "input": "hi", "output": "<think>x</think>"}
+
+
+def _gsm8k(train: str | None, test: str | None = '{"question": "q", "answer": "#### 1"}\n', extra=()):
+    def args(ctx: Ctx) -> list[str]:
+        if train is not None:
+            _write(ctx.inp / "train.jsonl", train)
+        if test is not None:
+            _write(ctx.inp / "test.jsonl", test)
+        return ["--input_dir", str(ctx.inp), "--local_dir", str(ctx.prev / "data"), *extra]
+
+    return args
+
+
+GOOD_LINE = '{"question": "1+1?", "answer": "so #### 2"}\n'
+
+SCRIPT_CASES = [
+    Case("rlla-missing-file", "rlla", _rlla(None), ["raw.json", "does not exist", "nothing written"]),
+    Case("rlla-not-json", "rlla", _rlla("{not json"), ["raw.json", "not valid JSON"]),
+    Case("rlla-empty-file", "rlla", _rlla(""), ["raw.json", "not valid JSON"]),
+    Case("rlla-object-not-list", "rlla", _rlla(json.dumps(GOOD_RECORD)), ["must hold a JSON list", "got a JSON dict"]),
+    Case("rlla-record-not-object", "rlla", _rlla(json.dumps([GOOD_RECORD, "text"])), ["record 1", "is a str"]),
+    Case(
+        "rlla-missing-key",
+        "rlla",
+        _rlla(json.dumps([GOOD_RECORD, {"instruction": "a", "input": "b"}])),
+        ["record 1", "missing key 'output'", "'instruction', 'input', 'output'"],
+    ),
+    Case(
+        "rlla-key-not-string",
+        "rlla",
+        _rlla(json.dumps([{**GOOD_RECORD, "input": 7}, GOOD_RECORD])),
+        ["record 0", "'input' must be a string", "got int"],
+    ),
+    Case("rlla-empty-list", "rlla", _rlla("[]"), ["at least 2 records", "got 0"]),
+    Case("rlla-one-record", "rlla", _rlla(json.dumps([GOOD_RECORD])), ["at least 2 records", "got 1"]),
+    Case(
+        "rlla-synthetic-one",
+        "rlla",
+        lambda ctx: ["--synthetic", "1", "--local_dir", str(ctx.prev / "data")],
+        ["--synthetic must be at least 2", "got 1"],
+    ),
+    Case(
+        "rlla-synthetic-negative",
+        "rlla",
+        lambda ctx: ["--synthetic", "-3", "--local_dir", str(ctx.prev / "data")],
+        ["--synthetic must be at least 2", "got -3"],
+    ),
+    Case(
+        "rlla-synthetic-not-int",
+        "rlla",
+        lambda ctx: ["--synthetic", "ten", "--local_dir", str(ctx.prev / "data")],
+        ["--synthetic", "invalid int value", "'ten'"],
+    ),
+    Case("gsm8k-missing-dir", "gsm8k", _gsm8k(None, None), ["train.jsonl", "does not exist"]),
+    Case("gsm8k-missing-test", "gsm8k", _gsm8k(GOOD_LINE, None), ["test.jsonl", "does not exist"]),
+    Case("gsm8k-not-json", "gsm8k", _gsm8k(GOOD_LINE + "{oops\n"), ["train.jsonl:2", "not valid JSON"]),
+    Case("gsm8k-array-line", "gsm8k", _gsm8k("[1, 2]\n"), ["train.jsonl:1", "expected a JSON object", "got list"]),
+    Case(
+        "gsm8k-missing-answer",
+        "gsm8k",
+        _gsm8k('{"question": "q"}\n'),
+        ["train.jsonl:1", "'answer' missing or not a string", "['question']"],
+    ),
+    Case("gsm8k-answer-not-string", "gsm8k", _gsm8k('{"question": "q", "answer": 3}\n'), ["'answer'", "not a string"]),
+    Case("gsm8k-no-hashes", "gsm8k", _gsm8k('{"question": "q", "answer": "it is 4"}\n'), ["no '#### <number>'", "4"]),
+    Case("gsm8k-empty-file", "gsm8k", _gsm8k(""), ["train.jsonl", "holds no records"]),
+    Case("gsm8k-max-train-zero", "gsm8k", _gsm8k(GOOD_LINE, extra=("--max_train", "0")), ["--max_train", "got 0"]),
+]
+
+
+# ------------------------------------------------------------------------------------------ runner
+def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("VERL_FULL_ERROR", None)
+    command = {
+        "rlla": [sys.executable, RLLA],
+        "gsm8k": [sys.executable, GSM8K],
+        "ppo": [sys.executable, "-m", "verl.trainer.main_ppo"],
+        "sft": [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer"],
+    }[entry]
+    return subprocess.run(command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def _check_case(case: Case, good: dict[str, str], tmp_path: Path) -> None:
+    ctx = Ctx(good=good, inp=tmp_path / "inputs", prev=tmp_path / "previous_run")
+    ctx.inp.mkdir()
+    _make_previous_run(ctx.prev, good)
+    case.setup(ctx)
+    args = case.args(ctx)
+    before = _snapshot(ctx.prev)
+    proc = _run(case.entry, args, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0, f"{case.id}: exit 0\nstdout:{proc.stdout[-2000:]}\nstderr:{proc.stderr[-2000:]}"
+    assert lines, f"{case.id}: empty stderr (rc={proc.returncode})"
+    last = lines[-1]
+    assert "error" in last.lower(), f"{case.id}: last stderr line is not an error line: {proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, f"{case.id}: traceback on stderr: {proc.stderr[-3000:]}"
+    for text in case.expect:
+        assert text in last, f"{case.id}: {text!r} not in the last stderr line {last!r}"
+    assert _snapshot(ctx.prev) == before, f"{case.id}: files of the earlier run changed or were added"
+
+
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=lambda c: c.id)
+def test_script_bad_input(case: Case, good, tmp_path):
+    _check_case(case, good, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ main_ppo / SFT
+def _ppo(*overrides: str, train: str | None = None, model: str | None = None) -> Callable[[Ctx], list[str]]:
+    """main_ppo arguments for a small valid run (outputs into the earlier run's folder) plus `overrides`;
+    `train`/`model` name a file/folder under the case's inputs (made by the case's setup) instead of the good one."""
+
+    def args(ctx: Ctx) -> list[str]:
+        return [
+            f"data.train_files={ctx.inp / train if train else ctx.good['train']}",
+            f"actor_rollout_ref.model.path={ctx.inp / model if model else ctx.good['model']}",
+            "data.max_prompt_length=384",
+            "data.max_response_length=8",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            f"trainer.default_local_dir={ctx.prev}",
+            "trainer.ray_init.num_cpus=2",
+            *(o.replace("{inp}", str(ctx.inp)) for o in overrides),
+        ]
+
+    return args
+
+
+def _parquet(name: str, rows: list[dict] | None = None, raw: bytes | None = None) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        if raw is not None:
+            (ctx.inp / name).write_bytes(raw)
+        else:
+            pd.DataFrame(rows).to_parquet(ctx.inp / name)
+
+    return setup
+
+
+def _model_copy(edit: Callable[[Path], None]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        shutil.copytree(ctx.good["model"], ctx.inp / "model")
+        edit(ctx.inp / "model")
+
+    return setup
+
+
+def _bert_folder(ctx: Ctx) -> None:
+    (ctx.inp / "bert").mkdir()
+    config = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 8, "num_hidden_layers": 1}
+    (ctx.inp / "bert" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 2}))
+
+
+def _drop_chat_template(model: Path) -> None:
+    for p in model.glob("chat_template.*"):
+        p.unlink()
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+
+
+def _reward_file(ctx: Ctx) -> None:
+    _write(
+        ctx.inp / "reward.py",
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+    )
+    _write(ctx.inp / "broken.py", "import not_a_module_anywhere\n")
+
+
+CHAT = [{"role": "user", "content": "hello"}]
+PPO_CASES = [
+    Case("ppo-missing-train-file", "ppo", _ppo(train="nope.parquet"), ["data.train_files", "nope.parquet"]),
+    Case(
+        "ppo-empty-parquet",
+        "ppo",
+        _ppo(train="empty.parquet"),
+        ["empty.parquet", "hold no rows"],
+        lambda ctx: _empty_parquet(ctx),
+    ),
+    Case(
+        "ppo-corrupt-parquet",
+        "ppo",
+        _ppo(train="bad.parquet"),
+        ["bad.parquet"],
+        _parquet("bad.parquet", raw=b"PAR1garbage"),
+    ),
+    Case(
+        "ppo-prompt-is-string",
+        "ppo",
+        _ppo(train="str.parquet"),
+        ["str.parquet", "row 0", "non-empty list of chat messages", "got str"],
+        _parquet("str.parquet", [{"prompt": "just text", "data_source": "rlla"}]),
+    ),
+    Case(
+        "ppo-prompt-empty-list",
+        "ppo",
+        _ppo(train="emptyprompt.parquet"),
+        ["emptyprompt.parquet", "row 1", "non-empty list of chat messages"],
+        _parquet("emptyprompt.parquet", [{"prompt": CHAT}, {"prompt": []}]),
+    ),
+    Case(
+        "ppo-prompt-not-messages",
+        "ppo",
+        _ppo(train="ints.parquet"),
+        ["ints.parquet", "row 0", "prompt message 0", "'role'"],
+        _parquet("ints.parquet", [{"prompt": [{"text": "hi"}]}]),
+    ),
+    Case(
+        "ppo-no-prompt-column",
+        "ppo",
+        _ppo("data.prompt_key=question"),
+        ["no prompt column 'question'", "data.prompt_key"],
+    ),
+    Case(
+        "ppo-all-prompts-too-long",
+        "ppo",
+        _ppo("data.max_prompt_length=4"),
+        ["longer than max_prompt_length=4", "raise data.max_prompt_length"],
+    ),
+    Case("ppo-bad-truncation", "ppo", _ppo("data.truncation=wrap"), ["data.truncation='wrap'", "error", "middle"]),
+    Case("ppo-unknown-estimator", "ppo", _ppo("algorithm.adv_estimator=magic"), ["magic", "grpo", "gae"]),
+    Case(
+        "ppo-unknown-policy-loss",
+        "ppo",
+        _ppo("actor_rollout_ref.actor.policy_loss.loss_mode=nope"),
+        ["nope", "vanilla"],
+    ),
+    Case("ppo-unknown-reward-manager", "ppo", _ppo("reward_model.reward_manager=fancy"), ["'fancy'", "naive"]),
+    Case("ppo-unknown-rollout", "ppo", _ppo("actor_rollout_ref.rollout.name=sglang"), ["'sglang'", "hf"]),
+    Case(
+        "ppo-batch-not-divisible",
+        "ppo",
+        _ppo("actor_rollout_ref.actor.ppo_mini_batch_size=3"),
+        ["data.train_batch_size=4", "ppo_mini_batch_size=3", "divisible"],
+    ),
+    Case("ppo-zero-batch", "ppo", _ppo("data.train_batch_size=0"), ["data.train_batch_size", "positive", "got 0"]),
+    Case("ppo-negative-n", "ppo", _ppo("actor_rollout_ref.rollout.n=-2"), ["rollout.n", "positive", "got -2"]),
+    Case("ppo-model-missing", "ppo", _ppo(model="no_model"), ["model.path", "no_model", "not a directory"]),
+    Case(
+        "ppo-model-empty-folder",
+        "ppo",
+        _ppo(model="empty"),
+        ["empty", "config.json"],
+        lambda ctx: (ctx.inp / "empty").mkdir(),
+    ),
+    Case("ppo-model-is-bert", "ppo", _ppo(model="bert"), ["'bert'", "not a causal LM"], _bert_folder),
+    Case(
+        "ppo-no-chat-template",
+        "ppo",
+        _ppo(model="model"),
+        ["no chat template", "chat_template"],
+        _model_copy(_drop_chat_template),
+    ),
+    Case(
+        "ppo-reward-file-missing",
+        "ppo",
+        _ppo("custom_reward_function.path={inp}/missing_reward.py"),
+        ["custom_reward_function.path", "missing_reward.py", "not a file"],
+    ),
+    Case(
+        "ppo-reward-file-broken",
+        "ppo",
+        _ppo("custom_reward_function.path={inp}/broken.py"),
+        ["broken.py", "failed to import", "not_a_module_anywhere"],
+        _reward_file,
+    ),
+    Case(
+        "ppo-reward-fn-missing",
+        "ppo",
+        _ppo("custom_reward_function.path={inp}/reward.py", "custom_reward_function.name=score"),
+        ["custom_reward_function.name='score'", "my_score"],
+        _reward_file,
+    ),
+]
+
+
+def _empty_parquet(ctx: Ctx) -> None:
+    pd.DataFrame({"prompt": pd.Series([], dtype=object)}).to_parquet(ctx.inp / "empty.parquet")
+
+
+@pytest.mark.parametrize("case", PPO_CASES, ids=lambda c: c.id)
+def test_main_ppo_bad_input(case: Case, good, tmp_path):
+    _check_case(case, good, tmp_path)
