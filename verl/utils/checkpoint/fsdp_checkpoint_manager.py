@@ -4,7 +4,9 @@ Layout of one checkpoint directory (W = world size, r = rank; every rank writes 
     model_world_size_{W}_rank_{r}.pt        this rank's local shards of the model state dict
     optim_world_size_{W}_rank_{r}.pt        this rank's local shards of the optimizer state dict
     extra_state_world_size_{W}_rank_{r}.pt  LR scheduler state, torch/cuda/numpy/python RNG states, global_step
-    huggingface/                            (save_hf=True, rank 0) full weights via save_pretrained + tokenizer
+    huggingface/                            (save_hf=True, rank 0) full weights via save_pretrained + tokenizer;
+                                            without save_hf but with a processing_class: config, generation
+                                            config and tokenizer only (what `verl.model_merger` needs)
 
 State dicts come from torch.distributed.checkpoint.state_dict (sharded options); DTensors are stored as their
 local shards and rebuilt on load from the live model's placements, so a checkpoint loads back only with the
@@ -13,6 +15,7 @@ same world size. Every file is written under a temporary name and then os.replac
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
@@ -154,7 +157,22 @@ class FSDPCheckpointManager:
         _atomic_save(extra, paths["extra_state"])
         if save_hf:
             self._save_hf(os.path.join(local_path, "huggingface"), rank)
+        elif rank == 0 and self.processing_class is not None and hasattr(self.model, "config"):
+            self._save_hf_config(os.path.join(local_path, "huggingface"))
         _barrier()
+
+    def _save_hf_config(self, hf_path: str) -> None:
+        """Config (with the model class in `architectures`), generation config and tokenizer; no weights."""
+        config = copy.deepcopy(self.model.config)
+        config.architectures = [_hf_class(self.model).__name__]
+        tmp_path = f"{hf_path}.tmp"
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        config.save_pretrained(tmp_path)
+        if getattr(self.model, "generation_config", None) is not None:
+            self.model.generation_config.save_pretrained(tmp_path)
+        self.processing_class.save_pretrained(tmp_path)
+        shutil.rmtree(hf_path, ignore_errors=True)
+        os.replace(tmp_path, hf_path)
 
     def _save_hf(self, hf_path: str, rank: int) -> None:
         full_state = get_full_state_dict(self.model, cpu_offload=True)  # collective: every rank takes part
