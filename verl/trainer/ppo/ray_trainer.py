@@ -327,9 +327,13 @@ class RayPPOTrainer:
         return path
 
     # ---------------------------------------------------------------- one step
-    def _train_step(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+    def _rollout_and_score(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        """Phases 1-4 of a step: give each prompt a `uid`, repeat it `rollout.n` times, generate, and score.
+
+        Returns the batch with `responses`, `response_mask` and `token_level_scores` (plus the reward's extra
+        per-sample fields); adds reward metrics to `metrics`.
+        """
         cfg = self.config
-        metrics: dict[str, float] = {}
         n = cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch.meta_info["global_steps"] = self.global_steps
@@ -353,6 +357,13 @@ class RayPPOTrainer:
                 if len(values) == len(batch):
                     batch.non_tensor_batch[key] = np.array(values, dtype=object)
                     metrics.update(_mean_metric(f"reward_extra/{key}", values))
+        return batch
+
+    def _train_step(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        n = cfg.actor_rollout_ref.rollout.n
+        batch = self._rollout_and_score(batch, timing, metrics)
         with marked_timer("old_log_prob", timing):
             old = self.actor_rollout_wg.compute_log_prob(batch)
             metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
