@@ -1,0 +1,282 @@
+"""The three forward layouts of verl/workers/actor/model_forward.py (padded, packed = use_remove_padding, shared
+prompt = share_prompt_prefix) against a plain full forward, and the actor/critic passes built on them: equal
+log-probs, values and gradients, dynamic batch size (token budget) equal to fixed micro-batches, row order kept."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+
+from verl.protocol import DataProto
+from verl.workers.actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import micro_batch_plan
+from verl.workers.actor.model_forward import response_outputs, scatter_to_responses
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
+
+PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 4, 64
+# rows 0, 2, 5 share prompt A; rows 3, 4 share prompt B; 1, 6, 7 have their own
+PROMPT_OF = [0, 1, 0, 2, 2, 0, 3, 4]
+PROMPT_LENS = [3, 6, 2, 5, 1]
+RESPONSE_LENS = [4, 2, 4, 1, 3, 4, 2, 4]
+LAYOUTS = [{}, {"use_remove_padding": True}, {"share_prompt_prefix": True}]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def qwen2_config() -> Qwen2Config:
+    return Qwen2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, num_labels=1,
+    )  # fmt: skip
+
+
+def make_model(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(qwen2_config())
+
+
+def make_batch(seed: int = 0) -> DataProto:
+    """Left-padded prompts (some shared), right-padded responses, masks and position ids as the rollout makes."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in PROMPT_LENS]
+    bs = len(PROMPT_OF)
+    ids = torch.zeros(bs, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, r) in enumerate(zip(PROMPT_OF, RESPONSE_LENS)):
+        n = PROMPT_LENS[p]
+        ids[row, PROMPT_LEN - n : PROMPT_LEN] = prompts[p]
+        ids[row, PROMPT_LEN : PROMPT_LEN + r] = torch.randint(1, VOCAB, (r,), generator=gen)
+        mask[row, PROMPT_LEN - n : PROMPT_LEN + r] = 1
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids[:, PROMPT_LEN:] = position_ids[:, PROMPT_LEN - 1 : PROMPT_LEN] + torch.arange(1, RESPONSE_LEN + 1)
+    response_mask = mask[:, PROMPT_LEN:]
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids,
+            "responses": ids[:, PROMPT_LEN:],
+            "response_mask": response_mask,
+        },
+        meta_info={"temperature": 1.0},
+    )
+
+
+def full_forward_log_probs(model, batch, temperature=1.0) -> torch.Tensor:
+    """Independent reference: one padded forward, log_softmax(logits / T) at row PROMPT_LEN - 1 + t."""
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits[:, PROMPT_LEN - 1 : -1]
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
+def test_layout_log_probs_and_gradients_equal_a_full_forward(layout):
+    model, batch = make_model(), make_batch().batch
+    mask = batch["response_mask"].float()
+    reference = full_forward_log_probs(model, batch)
+    (reference * mask).sum().backward()
+    reference_grads = grads(model)
+    model.zero_grad()
+
+    logits, where = response_outputs(model, batch, RESPONSE_LEN, is_lm=True, **layout)
+    log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["responses"][where].unsqueeze(-1))
+    log_probs = scatter_to_responses(log_probs.squeeze(-1), where)
+    torch.testing.assert_close(log_probs * mask, reference.detach() * mask, atol=2e-6, rtol=0)
+    (log_probs * mask).sum().backward()
+    torch.testing.assert_close(grads(model), reference_grads, atol=2e-5, rtol=1e-5)
+    if layout.get("use_remove_padding"):  # only real tokens are computed: position t needs token t-1
+        previous_real = torch.cat([torch.ones(len(mask), 1), mask[:, :-1]], dim=1).bool()
+        assert torch.equal(where, previous_real)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
+def test_critic_values_equal_for_every_layout(layout):
+    torch.manual_seed(3)
+    model = Qwen2ForTokenClassification(qwen2_config()).eval()
+    data = make_batch()
+    config = OmegaConf.create({"forward_micro_batch_size_per_gpu": 3, "model": layout, "loss_agg_mode": "token-mean"})
+    critic = DataParallelPPOCritic(config, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    values = critic.compute_values(data)
+    with torch.no_grad():
+        b = data.batch
+        full = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+    expected = full.logits[:, PROMPT_LEN - 1 : -1, 0] * b["response_mask"]
+    torch.testing.assert_close(values, expected, atol=2e-6, rtol=0)
+
+
+def actor_config(**overrides):
+    base = {
+        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "ppo_epochs": 1, "shuffle": False,
+        "grad_clip": 1.0e9, "clip_ratio": 0.2, "policy_loss": {"loss_mode": "vanilla"},
+        "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": True, "kl_loss_coef": 0.1,
+        "kl_loss_type": "low_var_kl", "use_dynamic_bsz": False,
+    }  # fmt: skip
+    base.update(overrides)
+    return OmegaConf.create(base)
+
+
+def ppo_batch(model) -> DataProto:
+    data = make_batch()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        log_probs = full_forward_log_probs(model, data.batch)
+    mask = data.batch["response_mask"].float()
+    data.batch["old_log_probs"] = log_probs + 0.05 * torch.randn(log_probs.shape, generator=gen)
+    data.batch["ref_log_prob"] = log_probs + 0.1 * torch.randn(log_probs.shape, generator=gen)
+    data.batch["advantages"] = torch.randn(len(data), 1, generator=gen) * mask
+    return data
+
+
+def updated_params(**overrides) -> tuple[dict, dict]:
+    model = make_model(seed=1)
+    data = ppo_batch(model)
+    actor = DataParallelPPOActor(actor_config(**overrides), model, torch.optim.SGD(model.parameters(), lr=1.0))
+    metrics = actor.update_policy(data)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, metrics
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"ppo_micro_batch_size_per_gpu": 3},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 20},
+        {"use_remove_padding": True, "ppo_micro_batch_size_per_gpu": 4},
+        {"share_prompt_prefix": True, "ppo_micro_batch_size_per_gpu": 4, "shuffle": True},
+        {"share_prompt_prefix": True, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30},
+        {"use_remove_padding": True, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 16},
+    ],
+    ids=["micro3", "dynamic_bsz", "packed", "shared_prompt_shuffled", "shared_dynamic", "packed_dynamic"],
+)
+def test_update_equals_the_single_padded_micro_batch_update(overrides):
+    reference, ref_metrics = updated_params()
+    params, metrics = updated_params(**overrides)
+    assert max((params[k] - reference[k]).abs().max().item() for k in params) < 1e-5
+    assert metrics["actor/pg_loss"] == pytest.approx(ref_metrics["actor/pg_loss"], abs=1e-5)
+    assert metrics["actor/kl_loss"] == pytest.approx(ref_metrics["actor/kl_loss"], abs=1e-6)
+
+
+def test_entropy_metric_comes_from_the_update_when_the_old_log_prob_pass_is_skipped():
+    model = make_model(seed=1)
+    data = ppo_batch(model)
+    with torch.no_grad():
+        b = data.batch
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        logits = logits.logits[:, PROMPT_LEN - 1 : -1].float()
+    entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    expected = (entropy * b["response_mask"]).sum() / b["response_mask"].sum()
+    _, metrics = updated_params(recompute_old_log_prob=False)
+    assert metrics["actor/entropy"] == [pytest.approx(expected.item(), abs=1e-5)]
+    _, default = updated_params()
+    assert "actor/entropy" not in default  # the recompute pass reports it instead
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"micro_batch_size": 3},
+        {"micro_batch_size": 3, "use_dynamic_bsz": True, "max_token_len": 17},
+    ],
+)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
+def test_compute_log_prob_returns_rows_in_input_order(meta, layout):
+    model = make_model(seed=2).eval()
+    data = make_batch()
+    data.meta_info.update(meta)
+    actor = DataParallelPPOActor(actor_config(**layout), model)
+    log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    mask = data.batch["response_mask"].float()
+    with torch.no_grad():
+        expected = full_forward_log_probs(model, data.batch)
+    torch.testing.assert_close(log_probs * mask, expected * mask, atol=2e-6, rtol=0)
+    assert entropy.shape == mask.shape and (entropy[mask.bool()] > 0).all()
+
+
+def test_micro_batch_plan_budget_grouping_and_errors():
+    data = make_batch()
+    lengths = data.batch["attention_mask"].sum(-1)
+    micro, order = micro_batch_plan(data, None, True, 16)
+    assert sorted(order.tolist()) == list(range(8))
+    assert all(int(m.batch["attention_mask"].sum()) <= 16 or len(m) == 1 for m in micro)
+    assert torch.equal(torch.cat([m.batch["attention_mask"].sum(-1) for m in micro]), lengths[order])
+    micro, order = micro_batch_plan(data, 4, False, None, group_prompts=True)
+    prompt_of = torch.tensor(PROMPT_OF)[order]
+    assert prompt_of.tolist() == [0, 0, 0, 1, 2, 2, 3, 4]  # same prompts next to each other, first-seen order
+    with pytest.raises(ValueError, match="positive max token length.*got 0"):
+        micro_batch_plan(data, None, True, 0)
+    with pytest.raises(ValueError, match="micro batch size must be a positive int, got 0"):
+        micro_batch_plan(data, 0, False, None)
+
+
+def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: dict) -> None:
+    """One rank of a 2-rank FSDP2 update (gloo) on its half of the rows with the given layout."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    if dist.is_initialized():  # forked from a pytest process that ran an in-process (world size 1) worker
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = make_model(seed=1)
+        data = ppo_batch(model)  # built from the unsharded model: the same on both ranks
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, **layout)
+        actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1.0))
+        actor.update_policy(data[list(range(4 * rank, 4 * rank + 4))])
+        full = {name: p.full_tensor() for name, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(full, os.path.join(out_dir, "params.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"use_remove_padding": True},
+        {"share_prompt_prefix": True},
+        # a budget of 10 tokens gives rank 0 four micro-batches and rank 1 three: both must run four
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 10, "share_prompt_prefix": True},
+    ],
+    ids=["packed", "shared_prompt", "dynamic_bsz_uneven"],
+)
+def test_two_rank_fsdp2_update_equals_one_process(layout, tmp_path):
+    """Under FSDP2 every rank must run as many forwards: the shared-prompt layout always makes two model calls,
+    and dynamic batch size gives every rank the largest micro-batch count. Gradients match one process."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = mp.start_processes(
+        run_fsdp_rank, args=(2, port, str(tmp_path), layout), nprocs=2, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=2):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the 2-rank run did not finish within 120 s")
+    dp_params = torch.load(tmp_path / "params.pt")
+    reference, _ = updated_params()  # one process, all 8 rows, padded
+    assert max((dp_params[k] - reference[k]).abs().max().item() for k in reference) < 1e-5
