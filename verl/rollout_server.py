@@ -1,0 +1,161 @@
+"""`python -m verl.rollout_server`: an OpenAI-compatible HTTP server over the `hf` rollout engine, on 127.0.0.1.
+
+Serves a Hugging Face model folder so that environment code written for the OpenAI API (verifiers-style,
+`openai.AsyncOpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="x")`) can drive rollouts:
+
+    POST /v1/chat/completions   messages + sampling arguments (see verl.envs.openai_client)
+    POST /v1/completions        prompt (text, token ids, or a list of them) + sampling arguments
+    GET  /v1/models             the served model
+    GET  /health, GET /stats    liveness; requests and batched generate calls so far
+
+Requests from concurrent connections go to one `AsyncRolloutEngine` on one event-loop thread, so they are
+batched into shared generate calls (window `--window-ms`). Responses carry `prompt_token_ids` and per choice
+`token_ids` (and log-probs with `logprobs: true`), what a trainer needs to turn them into samples. Streaming is
+not supported (`stream: true` is a 400). The server binds 127.0.0.1 only; errors are JSON
+`{"error": {"message", "type"}}` with status 400 (bad request), 404 (unknown path) or 500.
+
+    python -m verl.rollout_server --model outputs/default/sft_model --port 8000 --max-tokens 128
+
+Layer 8 (an entry point): composes the engine (layer 5) and the client; must not import Ray or the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+class RolloutService:
+    """The engine, the client and the event loop behind the HTTP handlers."""
+
+    def __init__(self, model_path: str, model_name: str, max_tokens: int, device: str = "cpu", seed: int = 0,
+                 window_ms: float = 5.0, max_batch_size: int | None = None, dtype: str = "float32"):  # fmt: skip
+        import torch
+        from omegaconf import OmegaConf
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from verl.envs.openai_client import OpenAIClient
+        from verl.workers.rollout.async_engine import AsyncRolloutEngine
+        from verl.workers.rollout.hf_rollout import HFRollout
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        module = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device).eval()
+        config = OmegaConf.create({"response_length": int(max_tokens), "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                                   "do_sample": True, "seed": int(seed), "calculate_log_probs": True})  # fmt: skip
+        self.engine = AsyncRolloutEngine(HFRollout(module, config, self.tokenizer), {},
+                                         window_s=window_ms / 1000.0, max_batch_size=max_batch_size)  # fmt: skip
+        self.client = OpenAIClient(self.engine, self.tokenizer, model=model_name, record=False)
+        self.model_name = model_name
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-engine", daemon=True)
+        self.thread.start()
+
+    def run(self, coro) -> Any:
+        """Run a coroutine on the engine's loop from a handler thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def chat(self, body: dict) -> dict:
+        return self.run(self.client.chat.completions.create(**body)).model_dump()
+
+    def completion(self, body: dict) -> dict:
+        return self.run(self.client.completions.create(**body)).model_dump()
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "verl"}]}
+
+    def stats(self) -> dict:
+        return {"requests": self.engine.num_requests, "generate_calls": self.engine.num_generate_calls}
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
+    posts = {"/v1/chat/completions": service.chat, "/v1/completions": service.completion}
+    gets = {"/v1/models": service.models, "/health": lambda: {"status": "ok"}, "/stats": service.stats}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # one line per request would drown the logs
+            return
+
+        def _send(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+            self._send(status, {"error": {"message": message, "type": kind}})
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path = self.path.split("?")[0].rstrip("/")
+            if path not in gets:
+                return self._error(404, f"no route GET {path}; routes: {sorted(gets)}", "not_found")
+            self._send(200, gets[path]())
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?")[0].rstrip("/")
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if path not in posts:
+                return self._error(404, f"no route POST {path}; routes: {sorted(posts)}", "not_found")
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError as err:
+                return self._error(400, f"the request body is not valid JSON: {err}")
+            if not isinstance(body, dict):
+                return self._error(400, "the request body must be a JSON object")
+            try:
+                self._send(200, posts[path](body))
+            except (ValueError, TypeError, KeyError) as err:
+                self._error(400, f"{type(err).__name__}: {err}")
+            except Exception as err:  # an engine failure: report it, keep serving
+                self._error(500, f"{type(err).__name__}: {err}", "server_error")
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="Hugging Face model folder (causal LM + tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1", help="only 127.0.0.1 / localhost are allowed")
+    parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (printed at start)")
+    parser.add_argument("--served-model-name", default=None, help="model name in responses (default: folder name)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="most tokens one completion may generate")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--seed", type=int, default=0, help="base seed of generation")
+    parser.add_argument("--window-ms", type=float, default=5.0, help="how long a request waits for others to batch")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="most requests per generate call")
+    args = parser.parse_args(argv)
+    if args.host not in LOCAL_HOSTS:
+        parser.error(f"--host {args.host!r}: this server binds only to {LOCAL_HOSTS} (no authentication)")
+    if not os.path.isdir(args.model):
+        parser.error(f"--model {args.model!r} is not a directory (a Hugging Face model folder is needed)")
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+    service = RolloutService(args.model, name, args.max_tokens, args.device, args.seed, args.window_ms,
+                             args.max_batch_size, args.dtype)  # fmt: skip
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(service))
+    print(f"serving {name!r} on http://{args.host}:{server.server_address[1]}/v1", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        service.close()
+
+
+if __name__ == "__main__":
+    main()

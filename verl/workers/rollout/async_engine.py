@@ -1,0 +1,356 @@
+"""The request-level engine API (AReaL-lite's `agenerate`) over any rollout engine, with request batching.
+
+Owns `GenerationHyperparameters` (one request's sampling knobs), `ModelRequest` / `ModelResponse`, and
+`AsyncRolloutEngine`, which turns many concurrent `await engine.agenerate(request)` calls into few batched
+`generate_sequences` calls of a `BaseRollout` (HF, vLLM or a registered engine):
+
+- a request is queued and the caller waits on a future; the first request of a burst starts a flusher that
+  waits `window_s` (other coroutines queue theirs meanwhile), then takes up to `max_batch_size` requests,
+  groups them by sampling settings (greedy, temperature, top_p, top_k) and runs one `generate_sequences` per
+  group on left-padded prompts; every future gets its own `ModelResponse`;
+- requests queued in the same event-loop turn are always in the same batch, in arrival order, so a
+  workflow that starts all its episodes at once gets one generate call per sampling setting and a
+  deterministic result for a given seed;
+- the engine generates up to its `rollout.response_length` tokens; a request's smaller `max_new_tokens` and
+  its `stop` strings cut its own output afterwards (a prefix of a sample is a sample of the shorter budget).
+
+Seeds: with `meta_info["seed"]` (what the trainer passes) the first generate call uses exactly that seed and
+later ones a seed derived from it and the call index; without one the engine's own counter is used.
+Versions: every output token carries the policy version of the weights that made it: `meta_info
+["policy_version"]` (set by the worker), else the engine's `weight_version` (0 when it tracks none).
+
+The flusher runs `generate_sequences` on the event loop's thread (generation is CPU/GPU bound; the loop
+has nothing else to do meanwhile), which keeps batching and results deterministic.
+
+Layer 5: imports torch, verl.protocol, verl.utils and the rollout base; must not import Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import compute_position_id_with_mask
+from verl.workers.rollout.base import resolve_sampling, resolve_token_ids
+
+__all__ = [
+    "AsyncRolloutEngine",
+    "GenerationHyperparameters",
+    "ModelRequest",
+    "ModelResponse",
+    "agenerate_samples",
+    "get_async_engine",
+    "policy_version",
+]
+
+# Seed stride between the generate calls of one AsyncRolloutEngine (a large prime keeps them apart from the
+# per-step seeds `rollout.seed + step` the trainer uses).
+_SEED_STRIDE = 1_000_000_007
+
+
+@dataclass(frozen=True)
+class GenerationHyperparameters:
+    """Sampling knobs of one request (AReaL's name). `greedy` ignores temperature/top_p/top_k.
+
+    n_samples: completions wanted for the prompt; `agenerate` makes one, `agenerate_samples` makes n_samples.
+    max_new_tokens: output budget, at most the engine's `rollout.response_length`.
+    stop: strings that end the output (kept in it, as the last tokens); eos always ends it.
+    """
+
+    n_samples: int = 1
+    greedy: bool = False
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if int(self.n_samples) < 1:
+            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy:
+            if self.temperature <= 0:
+                raise ValueError(f"temperature must be > 0 when sampling (use greedy=True), got {self.temperature}")
+            if not 0.0 < self.top_p <= 1.0:
+                raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            if self.top_k == 0 or self.top_k < -1:
+                raise ValueError(f"top_k must be -1 (off) or a positive int, got {self.top_k}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {list(self.stop)}")
+
+    def new(self, **changes: Any) -> GenerationHyperparameters:
+        """A copy with `changes` applied (AReaL's `gconfig.new(...)`)."""
+        return dataclasses.replace(self, **changes)
+
+    def sampling_key(self) -> tuple:
+        """Requests with equal keys can share one generate call."""
+        if self.greedy:
+            return (True, 1.0, 1.0, -1)
+        return (False, float(self.temperature), float(self.top_p), int(self.top_k))
+
+
+@dataclass
+class ModelRequest:
+    """One generation request: prompt token ids (no padding) and the sampling knobs."""
+
+    input_ids: list[int]
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass
+class ModelResponse:
+    """One completion. `output_logprobs[i]` is log p(output_tokens[i]) at the request's temperature (1.0 when
+    greedy), `output_versions[i]` the policy version that produced it. stop_reason: "stop" (eos or a stop
+    string) or "length" (the budget ran out)."""
+
+    input_tokens: list[int]
+    output_tokens: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    stop_reason: Literal["stop", "length"]
+    rid: str = ""
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_tokens)
+
+
+def policy_version(rollout: Any) -> int:
+    """The policy version an engine's weights hold (`weight_version`; 0 when it does not track one)."""
+    return int(getattr(rollout, "weight_version", 0) or 0)
+
+
+class AsyncRolloutEngine:
+    """`agenerate` over a `BaseRollout`, batching concurrent requests (see the module docstring).
+
+    rollout: the engine (`generate_sequences`, `config`, `tokenizer`, `response_length`).
+    meta_info: passed to every generate call (`eos_token_id`, `pad_token_id`, `seed`, `validate`,
+        `do_sample`); the trainer's generation meta_info.
+    window_s: how long the first request of a burst waits for others.
+    max_batch_size: most requests per flush (None = no limit).
+    """
+
+    def __init__(
+        self,
+        rollout: Any,
+        meta_info: dict | None = None,
+        window_s: float = 0.005,
+        max_batch_size: int | None = None,
+    ):
+        if window_s < 0:
+            raise ValueError(f"window_s must be >= 0, got {window_s}")
+        if max_batch_size is not None and int(max_batch_size) < 1:
+            raise ValueError(f"max_batch_size must be a positive int or None, got {max_batch_size}")
+        self.rollout = rollout
+        self.config = rollout.config
+        self.tokenizer = getattr(rollout, "tokenizer", None)
+        self.meta_info = dict(meta_info or {})
+        self.window_s = float(window_s)
+        self.max_batch_size = None if max_batch_size is None else int(max_batch_size)
+        self.response_length = int(getattr(rollout, "response_length", None) or self.config.response_length)
+        generation_config = getattr(getattr(rollout, "module", None), "generation_config", None)
+        eos, self.pad_token_id = resolve_token_ids(self.meta_info, self.tokenizer, generation_config)
+        self.eos_token_id = eos  # int or list of ints, as the engine takes it
+        self.eos_token_ids = set(eos) if isinstance(eos, list) else {eos}
+        self._pending: list[tuple[ModelRequest, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self.num_requests = 0
+        self.num_generate_calls = 0
+
+    # ------------------------------------------------------------------ knobs
+    @property
+    def version(self) -> int:
+        """meta_info["policy_version"] when the caller knows it (the worker does), else the engine's own."""
+        version = self.meta_info.get("policy_version")
+        return policy_version(self.rollout) if version is None else int(version)
+
+    def default_gconfig(self) -> GenerationHyperparameters:
+        """The sampling the trainer would use for this call: `rollout.*` (or `val_kwargs` when validating,
+        greedy when meta_info["do_sample"] is false), budget `rollout.response_length`."""
+        sampling = resolve_sampling(self.config, self.meta_info)
+        return GenerationHyperparameters(
+            greedy=not sampling.do_sample,
+            max_new_tokens=self.response_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+        )
+
+    # ------------------------------------------------------------------ requests
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """One completion for `req` (n_samples must be 1: use `agenerate_samples` for more)."""
+        self._check_request(req)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((req, future))
+        self.num_requests += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush_loop())
+        return await future
+
+    def _check_request(self, req: ModelRequest) -> None:
+        g = req.gconfig
+        if g.n_samples != 1:
+            raise ValueError(
+                f"agenerate makes one completion, got gconfig.n_samples={g.n_samples}; use "
+                "agenerate_samples(engine, request) or n_samples=1"
+            )
+        if not req.input_ids:
+            raise ValueError(f"request {req.rid}: input_ids is empty")
+        if g.max_new_tokens > self.response_length:
+            raise ValueError(
+                f"request {req.rid}: max_new_tokens={g.max_new_tokens} exceeds the engine's "
+                f"rollout.response_length={self.response_length}"
+            )
+
+    async def _flush_loop(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.window_s)
+            take = len(self._pending) if self.max_batch_size is None else self.max_batch_size
+            batch, self._pending = self._pending[:take], self._pending[take:]
+            groups: dict[tuple, list] = {}
+            for item in batch:
+                groups.setdefault(item[0].gconfig.sampling_key(), []).append(item)
+            for items in groups.values():
+                self._run_group(items)
+
+    def _run_group(self, items: list[tuple[ModelRequest, asyncio.Future]]) -> None:
+        items = [(req, fut) for req, fut in items if not fut.done()]  # cancelled callers
+        if not items:
+            return
+        try:
+            responses = self._generate([req for req, _ in items])
+        except Exception as err:  # every caller of this group sees the engine's error
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        for (_, fut), resp in zip(items, responses):
+            if not fut.done():
+                fut.set_result(resp)
+
+    # ------------------------------------------------------------------ one generate call
+    def _generate(self, requests: list[ModelRequest]) -> list[ModelResponse]:
+        prompts = self._prompt_batch(requests)
+        output = self.rollout.generate_sequences(prompts)
+        self.num_generate_calls += 1
+        version = self.version
+        responses = output.batch["responses"].cpu()
+        lengths = output.batch["response_mask"].sum(-1).tolist()
+        log_probs = output.batch["rollout_log_probs"].cpu() if "rollout_log_probs" in output.batch.keys() else None
+        out = []
+        for i, req in enumerate(requests):
+            tokens = responses[i, : int(lengths[i])].tolist()
+            lps = log_probs[i, : len(tokens)].tolist() if log_probs is not None else [0.0] * len(tokens)
+            tokens, lps, reason = self._cut(tokens, lps, req.gconfig)
+            out.append(ModelResponse(list(req.input_ids), tokens, lps, [version] * len(tokens), reason, req.rid))
+        return out
+
+    def _prompt_batch(self, requests: list[ModelRequest]) -> DataProto:
+        """Left-padded prompts of `requests` plus the meta_info of one generate call."""
+        width = max(len(r.input_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, req in enumerate(requests):
+            ids[i, width - len(req.input_ids) :] = torch.tensor(req.input_ids, dtype=torch.long)
+            mask[i, width - len(req.input_ids) :] = 1
+        g = requests[0].gconfig
+        meta = {k: v for k, v in self.meta_info.items() if k not in ("do_sample", "temperature", "top_p", "top_k")}
+        meta.update(
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            do_sample=not g.greedy,
+            calculate_log_probs=True,
+        )
+        if not g.greedy:
+            meta.update(temperature=float(g.temperature), top_p=float(g.top_p), top_k=int(g.top_k))
+        if self.meta_info.get("seed") is not None:
+            base = int(self.meta_info["seed"])
+            k = self.num_generate_calls
+            meta["seed"] = base if k == 0 else (base + k * _SEED_STRIDE) % (2**62)
+        return DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_id_with_mask(mask)},
+            meta_info=meta,
+        )
+
+    def _cut(
+        self, tokens: list[int], log_probs: list[float], g: GenerationHyperparameters
+    ) -> tuple[list[int], list[float], str]:
+        """Apply the request's stop strings and budget; return (tokens, log_probs, stop_reason)."""
+        ended_by_eos = bool(tokens) and tokens[-1] in self.eos_token_ids
+        keep = len(tokens)
+        if g.stop and self.tokenizer is not None:
+            stop_at = first_stop_position(self.tokenizer, tokens, g.stop)
+            if stop_at is not None:
+                keep, ended_by_eos = stop_at, True
+        if keep > g.max_new_tokens:
+            keep, ended_by_eos = g.max_new_tokens, tokens[g.max_new_tokens - 1] in self.eos_token_ids
+        return tokens[:keep], log_probs[:keep], "stop" if ended_by_eos else "length"
+
+    # ------------------------------------------------------------------ workflows
+    def rollout_batch(self, data: DataProto, workflow: Any, max_concurrent: int | None = None) -> DataProto:
+        """Run `workflow.arun_episode` on every row of `data` with this engine (see workflows.rollout_batch)."""
+        from verl.workers.rollout.workflows.base import run_episodes_sync
+
+        return run_episodes_sync(self, data, workflow, max_concurrent)
+
+
+def first_stop_position(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:
+    """Smallest k such that decode(tokens[:k]) contains one of `stop`, or None (binary search on k)."""
+
+    def has_stop(k: int) -> bool:
+        text = tokenizer.decode(tokens[:k], skip_special_tokens=False)
+        return any(s in text for s in stop)
+
+    if not tokens or not has_stop(len(tokens)):
+        return None
+    low, high = 1, len(tokens)
+    while low < high:
+        mid = (low + high) // 2
+        if has_stop(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+async def agenerate_samples(engine: Any, req: ModelRequest) -> list[ModelResponse]:
+    """`req.gconfig.n_samples` completions of one prompt, requested together (they share a generate call)."""
+    n = req.gconfig.n_samples
+    one = req.gconfig.new(n_samples=1)
+    requests = [ModelRequest(list(req.input_ids), one, f"{req.rid}-{i}", dict(req.metadata)) for i in range(n)]
+    return list(await asyncio.gather(*(engine.agenerate(r) for r in requests)))
+
+
+def get_async_engine(rollout: Any) -> AsyncRolloutEngine:
+    """The engine's own `AsyncRolloutEngine` (made on first use, window/batch cap from `rollout.*`): what
+    `BaseRollout.agenerate` uses. Seeds come from `rollout.seed` and the engine's call counter."""
+    engine = getattr(rollout, "_async_engine", None)
+    if engine is None:
+        engine = AsyncRolloutEngine(rollout, **batching_options(rollout.config))
+        rollout._async_engine = engine
+    return engine
+
+
+def batching_options(config: Any) -> dict[str, Any]:
+    """`window_s` and `max_batch_size` from `rollout.agenerate_window_ms` / `rollout.agenerate_max_batch_size`."""
+    window_ms = config.get("agenerate_window_ms", 5)
+    max_batch = config.get("agenerate_max_batch_size", None)
+    return {"window_s": float(5 if window_ms is None else window_ms) / 1000.0, "max_batch_size": max_batch}

@@ -1,0 +1,322 @@
+"""Rollout workflows (AReaL-lite): `RolloutWorkflow`, `rollout_batch`, and the rows a workflow returns.
+
+Owns the workflow contract and everything around one call on a rank's chunk of the batch:
+- `RolloutWorkflow.arun_episode(engine, data) -> DataProto | None`: `data` is one row of the generation
+  batch (left-padded `input_ids`, `attention_mask`, `position_ids`, the row's non-tensor fields and the
+  call's meta_info); the result is one training row or None, which rejects the sample;
+- `rollout_batch(rollout, data, workflow)`: every row's episode runs concurrently on an
+  `AsyncRolloutEngine` over the rank's engine (at most `max_concurrent` at once), so their requests are
+  batched into few generate calls; the result has one row per input row, in order, with a bool tensor
+  `rollout_accepted` (a rejected row is a placeholder with an empty response, dropped by the trainer);
+- the row builders: `single_turn_row` (exactly the fields the engine's `generate_sequences` gives) and
+  `trajectory_row` (a multi-turn response whose `response_mask` is the loss mask: 0 on tool/observation
+  tokens, which stay attended in `attention_mask`);
+- `drop_rejected_rows`, the trainer's rule for rejected samples (see its docstring).
+
+Every accepted row carries exactly the rollout fields (`prompts`, `responses`, `input_ids`,
+`attention_mask`, `position_ids`, `response_mask`, plus `rollout_log_probs` when
+`rollout.calculate_log_probs`) and the workflow's `extra_output_keys`, so that the rows of all ranks
+concatenate; placeholders get zeros (or None) for the extra keys.
+
+Layer 5: imports torch, numpy, verl.protocol, verl.utils and the rollout engines; must not import Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelResponse, batching_options
+from verl.workers.rollout.base import build_rollout_output, pad_responses
+
+__all__ = [
+    "ROLLOUT_FIELDS",
+    "RolloutWorkflow",
+    "arollout_batch",
+    "drop_rejected_rows",
+    "load_callable",
+    "prompt_ids_of",
+    "rollout_batch",
+    "single_turn_row",
+    "trajectory_row",
+]
+
+ROLLOUT_FIELDS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
+ACCEPTED_KEY = "rollout_accepted"
+_EXTRA_KINDS = ("response", "scalar", "object")
+
+
+class RolloutWorkflow:
+    """How one sample becomes one training row. Subclass it and implement `arun_episode`.
+
+    config: the `actor_rollout_ref.rollout` section; tokenizer: the policy's tokenizer; keyword arguments
+    come from `rollout.workflow_kwargs`.
+
+    extra_output_keys: fields an accepted row adds beyond the rollout fields, name -> kind: "response"
+    (a float tensor (1, response_length)), "scalar" (a float tensor (1,)) or "object" (a non-tensor field).
+    Rows with a `token_level_scores` field are not re-scored by the trainer's reward function.
+    """
+
+    extra_output_keys: dict[str, str] = {}
+
+    def __init__(self, config: Any, tokenizer: Any, **kwargs: Any):
+        if kwargs:
+            raise TypeError(
+                f"workflow {type(self).__name__} got unknown rollout.workflow_kwargs {sorted(kwargs)}; it takes none"
+            )
+        self.config = config
+        self.tokenizer = tokenizer
+
+    async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto | None:
+        """One training row for the one-row `data`, or None to reject the sample."""
+        raise NotImplementedError
+
+
+def load_callable(spec: str) -> Any:
+    """The object named by `spec`: "pkg.module:name", "pkg.module.name" or "path/to/file.py:name"."""
+    module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{spec!r} is not a dotted path like 'pkg.module:name' or 'file.py:name'")
+    if module_name.endswith(".py"):
+        if not os.path.isfile(module_name):
+            raise FileNotFoundError(f"{spec!r}: {module_name} is not a file")
+        name = "verl_user_" + hashlib.sha1(os.path.abspath(module_name).encode()).hexdigest()[:12]
+        module = sys.modules.get(name)
+        if module is None:
+            file_spec = importlib.util.spec_from_file_location(name, module_name)
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[name] = module
+            file_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise AttributeError(f"{spec!r}: {module_name} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+# ----------------------------------------------------------------------------------------------- rows
+def prompt_ids_of(data: DataProto) -> list[int]:
+    """The unpadded prompt ids of a one-row DataProto."""
+    ids, mask = data.batch["input_ids"][0], data.batch["attention_mask"][0]
+    return ids[mask.bool()].tolist()
+
+
+def _prompt_part(data: DataProto) -> DataProto:
+    return data.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+
+
+def _want_log_probs(engine: AsyncRolloutEngine) -> bool:
+    return bool(engine.config.get("calculate_log_probs", False))
+
+
+def single_turn_row(engine: AsyncRolloutEngine, data: DataProto, resp: ModelResponse) -> DataProto:
+    """The row `generate_sequences` would give for `data` with `resp` as its response (same fields and
+    values: response cut after the first eos, `rollout_log_probs` only with `rollout.calculate_log_probs`)."""
+    responses = pad_responses([torch.tensor(resp.output_tokens, dtype=torch.long)], engine.response_length,
+                              engine.pad_token_id)  # fmt: skip
+    log_probs = None
+    if _want_log_probs(engine):
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+        log_probs[0, : len(resp.output_logprobs)] = torch.tensor(resp.output_logprobs, dtype=torch.float32)
+    return build_rollout_output(_prompt_part(data), responses, engine.eos_token_id, engine.pad_token_id, log_probs)
+
+
+def trajectory_row(
+    engine: AsyncRolloutEngine,
+    data: DataProto,
+    response_ids: list[int],
+    loss_mask: list[int],
+    log_probs: list[float] | None = None,
+) -> DataProto:
+    """A row whose response is a token trajectory (model turns and tool/observation tokens).
+
+    response_ids, loss_mask, log_probs: one entry per response token (loss_mask 1 on model-generated
+    tokens, 0 on tokens the environment inserted); cut to `rollout.response_length`, then right-padded.
+    Fields: `responses`, `response_mask` = loss mask, `attention_mask` (prompt mask ++ 1 on every response
+    token), `input_ids`, `position_ids` (continuing from the prompt), `prompts`, and `rollout_log_probs`
+    (0 where the loss mask is 0) with `rollout.calculate_log_probs`. Non-tensor fields pass through.
+    """
+    if len(loss_mask) != len(response_ids) or (log_probs is not None and len(log_probs) != len(response_ids)):
+        raise ValueError(
+            f"trajectory lengths differ: {len(response_ids)} ids, {len(loss_mask)} mask values, "
+            f"{None if log_probs is None else len(log_probs)} log-probs"
+        )
+    length = engine.response_length
+    n = min(len(response_ids), length)
+    prompt_ids = data.batch["input_ids"]
+    prompt_mask = data.batch["attention_mask"]
+    prompt_pos = data.batch["position_ids"]
+    responses = torch.full((1, length), engine.pad_token_id, dtype=prompt_ids.dtype)
+    responses[0, :n] = torch.tensor(response_ids[:n], dtype=prompt_ids.dtype)
+    attended = torch.zeros((1, length), dtype=prompt_mask.dtype)
+    attended[0, :n] = 1
+    response_mask = torch.zeros((1, length), dtype=prompt_mask.dtype)
+    response_mask[0, :n] = torch.tensor([1 if m else 0 for m in loss_mask[:n]], dtype=prompt_mask.dtype)
+    delta = torch.arange(1, length + 1, dtype=prompt_pos.dtype)
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, attended], dim=-1),
+        "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + delta.unsqueeze(0)], dim=-1),
+        "response_mask": response_mask,
+    }
+    if _want_log_probs(engine):
+        lps = torch.zeros((1, length), dtype=torch.float32)
+        if log_probs is not None and n:
+            lps[0, :n] = torch.tensor(log_probs[:n], dtype=torch.float32)
+        tensors["rollout_log_probs"] = lps * response_mask
+    return DataProto.from_dict(tensors=tensors, non_tensors=dict(data.non_tensor_batch))
+
+
+def _placeholder_row(engine: AsyncRolloutEngine, data: DataProto, workflow: RolloutWorkflow) -> DataProto:
+    """The row standing in for a rejected sample: empty response, zeros/None for the extra keys."""
+    row = trajectory_row(engine, data, [], [], None)
+    for key, kind in workflow.extra_output_keys.items():
+        if kind == "response":
+            row.batch[key] = torch.zeros((1, engine.response_length), dtype=torch.float32)
+        elif kind == "scalar":
+            row.batch[key] = torch.zeros((1,), dtype=torch.float32)
+        else:
+            row.non_tensor_batch[key] = np.array([None], dtype=object)
+    return row
+
+
+def _check_row(row: Any, data: DataProto, workflow: RolloutWorkflow, engine: AsyncRolloutEngine, index: int):
+    """A workflow's accepted row must be one row with exactly the expected fields (see the module docstring)."""
+    name = type(workflow).__name__
+    if not isinstance(row, DataProto) or len(row) != 1 or row.batch is None:
+        seen = f"{len(row)} rows" if isinstance(row, DataProto) else type(row).__name__
+        raise TypeError(f"{name}.arun_episode must return a one-row DataProto or None; row {index} gave {seen}")
+    for kind in workflow.extra_output_keys.values():
+        if kind not in _EXTRA_KINDS:
+            raise ValueError(f"{name}.extra_output_keys: kind {kind!r} is not one of {_EXTRA_KINDS}")
+    want = set(ROLLOUT_FIELDS) | {k for k, v in workflow.extra_output_keys.items() if v != "object"}
+    if _want_log_probs(engine):
+        want.add("rollout_log_probs")
+    have = set(row.batch.keys())
+    if have != want:
+        raise KeyError(
+            f"{name}.arun_episode row {index}: tensor fields {sorted(have)}, expected {sorted(want)} "
+            "(rollout fields, rollout_log_probs with rollout.calculate_log_probs, and extra_output_keys)"
+        )
+    if row.batch["responses"].shape[-1] != engine.response_length:
+        raise ValueError(
+            f"{name}.arun_episode row {index}: responses have {row.batch['responses'].shape[-1]} columns, "
+            f"expected rollout.response_length={engine.response_length}"
+        )
+    if row.batch["prompts"].shape[-1] != data.batch["input_ids"].shape[-1]:
+        raise ValueError(f"{name}.arun_episode row {index}: the prompt part must keep the input's padded width")
+    want_objects = set(data.non_tensor_batch) | {k for k, v in workflow.extra_output_keys.items() if v == "object"}
+    if set(row.non_tensor_batch) != want_objects:
+        raise KeyError(
+            f"{name}.arun_episode row {index}: non-tensor fields {sorted(row.non_tensor_batch)}, expected "
+            f"{sorted(want_objects)} (the input row's plus extra_output_keys of kind 'object')"
+        )
+
+
+# ----------------------------------------------------------------------------------------------- running
+async def arollout_batch(
+    engine: AsyncRolloutEngine, data: DataProto, workflow: RolloutWorkflow, max_concurrent: int | None = None
+) -> DataProto:
+    """Run one episode per row of `data` concurrently (at most `max_concurrent` at once; None = all).
+
+    Returns one row per input row, in order, with `rollout_accepted` (bs,) bool, and an empty meta_info.
+    """
+    if max_concurrent is not None and int(max_concurrent) < 1:
+        raise ValueError(f"rollout.max_concurrent_episodes must be a positive int or null, got {max_concurrent}")
+    semaphore = asyncio.Semaphore(int(max_concurrent)) if max_concurrent else None
+
+    async def episode(i: int) -> DataProto | None:
+        row = data[i : i + 1]
+        if semaphore is None:
+            return await workflow.arun_episode(engine, row)
+        async with semaphore:
+            return await workflow.arun_episode(engine, row)
+
+    results = await asyncio.gather(*(episode(i) for i in range(len(data))))
+    rows = []
+    for i, result in enumerate(results):
+        row_in = data[i : i + 1]
+        if result is None:
+            row = _placeholder_row(engine, row_in, workflow)
+        else:
+            _check_row(result, row_in, workflow, engine, i)
+            row = result
+        row.batch[ACCEPTED_KEY] = torch.tensor([result is not None])
+        rows.append(row)
+    out = DataProto.concat(rows)
+    out.meta_info = {}  # as the engine's generate_sequences (the engine counts its calls: num_generate_calls)
+    return out
+
+
+def run_sync(coro: Coroutine) -> Any:
+    """Run a coroutine to completion from synchronous code (in a helper thread when a loop already runs here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def run_episodes_sync(
+    engine: AsyncRolloutEngine, data: DataProto, workflow: RolloutWorkflow, max_concurrent: int | None = None
+) -> DataProto:
+    return run_sync(arollout_batch(engine, data, workflow, max_concurrent))
+
+
+def rollout_batch(
+    rollout: Any, data: DataProto, workflow: RolloutWorkflow, max_concurrent: Any = "config"
+) -> DataProto:
+    """Run `workflow` on every row of `data` with the engine `rollout` (a `BaseRollout`).
+
+    The requests of one call share an `AsyncRolloutEngine` whose generate calls get `data.meta_info`
+    (eos/pad ids, seed, validate, do_sample), batching window `rollout.agenerate_window_ms` and cap
+    `rollout.agenerate_max_batch_size`. max_concurrent: episodes at once; default
+    `rollout.max_concurrent_episodes` (null = all rows).
+    """
+    if max_concurrent == "config":
+        max_concurrent = rollout.config.get("max_concurrent_episodes", None)
+    engine = AsyncRolloutEngine(rollout, data.meta_info, **batching_options(rollout.config))
+    return run_episodes_sync(engine, data, workflow, max_concurrent)
+
+
+# ----------------------------------------------------------------------------------------------- trainer rule
+def drop_rejected_rows(batch: DataProto, n: int) -> tuple[DataProto, dict[str, float]]:
+    """The trainer's rule for samples a workflow rejected; pops `rollout_accepted` from `batch`.
+
+    A rejected row is dropped. With `rollout.n` >= 2 (group estimators) a group (same `uid`) left with a
+    single row is dropped as well, because a one-sample group has no baseline; the rest of a group stays
+    and its statistics are computed over the rows left. Returns (batch, metrics `rollout/rejected_samples`,
+    `rollout/dropped_samples`). Raises when nothing is left.
+    """
+    if batch.batch is None or ACCEPTED_KEY not in batch.batch.keys():
+        return batch, {}
+    accepted = batch.batch.pop(ACCEPTED_KEY).bool()
+    keep = accepted.clone()
+    if n >= 2 and "uid" in batch.non_tensor_batch:
+        uids = batch.non_tensor_batch["uid"]
+        counts = Counter(uids[keep.numpy()].tolist())
+        keep &= torch.tensor([counts[u] >= 2 for u in uids.tolist()], dtype=torch.bool)
+    metrics = {"rollout/rejected_samples": float((~accepted).sum()), "rollout/dropped_samples": float((~keep).sum())}
+    if not keep.any():
+        raise RuntimeError(
+            f"the rollout workflow rejected every sample of this step ({len(batch)} rows, "
+            f"{int((~accepted).sum())} rejected, groups of one dropped); check the workflow or its data"
+        )
+    if keep.all():
+        return batch, metrics
+    return batch[keep], metrics
