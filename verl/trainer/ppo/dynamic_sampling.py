@@ -1,0 +1,135 @@
+"""Dynamic sampling (DAPO's `filter_groups`, ROLL's DynamicSamplingScheduler): keep generating until the batch holds
+`train_batch_size` prompt groups that pass the sample mask.
+
+Owns `DynamicSamplingScheduler` and `concat_aligned`. Layer 8 helper: drives callables it is given (draw prompts,
+roll out and score, judge groups); knows nothing of Ray or models.
+
+The rule, per bucket (a domain, or the whole batch without domains), each holding a target number of groups:
+    round 1 rolls out the step's prompts; every later round draws new prompts for the buckets still short
+    (`draw(shortfall)`), rolls them out and scores them; groups (same uid) that pass go to the bucket's kept list,
+    the others to its spare list. Stop when every bucket holds its target, or after `max_num_gen_batches` rounds
+    (0 = no cap). At the cap the scheduler says so and continues with what it has (`on_cap="continue"`: the
+    shortfall is filled with spare groups, which train on nothing, their loss mask being zeroed by the caller) or
+    raises (`on_cap="error"`). The batch is the first `target` groups of each bucket, buckets in target order.
+Metrics: `train/num_gen_batches` (verl's name: rounds used), `dynamic_sampling/filtered_frac` (share of generated
+groups that failed), `dynamic_sampling/hit_cap` (1 when the cap stopped it short), `dynamic_sampling/padded_groups`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.reward_processing import group_rows
+
+__all__ = ["ON_CAP_CHOICES", "DynamicSamplingScheduler", "concat_aligned"]
+
+ON_CAP_CHOICES = ("continue", "error")
+ALL = "all"
+
+
+def concat_aligned(parts: list[DataProto]) -> DataProto:
+    """`DataProto.concat` of parts whose non-tensor keys may differ (e.g. reward extra fields of other reward
+    types): a key missing from a part is filled with None there."""
+    keys: dict[str, None] = {}
+    for part in parts:
+        keys.update(dict.fromkeys(part.non_tensor_batch))
+    for part in parts:
+        for key in keys:
+            if key not in part.non_tensor_batch:
+                part.non_tensor_batch[key] = np.full(len(part), None, dtype=object)
+    return DataProto.concat(parts)
+
+
+class DynamicSamplingScheduler:
+    """Collect `targets[bucket]` passing groups per bucket over several rollout rounds (see the module docstring).
+
+    Args:
+        targets: groups wanted per bucket, in the order the final batch lists them (`{"all": train_batch_size}`
+            without domains).
+        max_num_gen_batches: cap on rounds per step; 0 = unlimited.
+        on_cap: "continue" (log and train on what passed) or "error".
+        bucket_key: non-tensor column naming each row's bucket (None: one bucket, `"all"`).
+    """
+
+    def __init__(
+        self,
+        targets: Mapping[str, int],
+        max_num_gen_batches: int = 0,
+        on_cap: str = "continue",
+        bucket_key: str | None = None,
+    ) -> None:
+        if on_cap not in ON_CAP_CHOICES:
+            raise ValueError(f"algorithm.filter_groups.on_cap={on_cap!r}; allowed: {ON_CAP_CHOICES}")
+        if int(max_num_gen_batches) < 0:
+            raise ValueError(f"algorithm.filter_groups.max_num_gen_batches={max_num_gen_batches} must be >= 0")
+        self.targets = {name: int(count) for name, count in targets.items()}
+        self.max_rounds = int(max_num_gen_batches)
+        self.on_cap = on_cap
+        self.bucket_key = bucket_key
+
+    def _bucket(self, batch: DataProto, row: int) -> str:
+        return ALL if self.bucket_key is None else str(batch.non_tensor_batch[self.bucket_key][row])
+
+    def collect(
+        self,
+        prompts: DataProto,
+        draw: Callable[[dict[str, int]], DataProto],
+        rollout: Callable[[DataProto], DataProto],
+        judge: Callable[[DataProto], np.ndarray],
+    ) -> tuple[DataProto, np.ndarray, dict[str, float]]:
+        """Run rounds until the targets are met or the cap is hit.
+
+        `rollout(prompts)` returns the scored batch (groups by uid); `judge(scored)` returns (bs,) bools, True for
+        the rows of passing groups; `draw(shortfall)` returns the prompts of the next round.
+        Returns (batch, group_ok (bs,) bool: False for spare groups used as filler, metrics).
+        """
+        kept: dict[str, list[DataProto]] = {name: [] for name in self.targets}
+        spare: dict[str, list[DataProto]] = {name: [] for name in self.targets}
+        rounds = generated = filtered = 0
+        while True:
+            rounds += 1
+            scored = rollout(prompts)
+            ok = np.asarray(judge(scored), dtype=bool)
+            for rows in group_rows(scored.non_tensor_batch["uid"]).values():
+                bucket = self._bucket(scored, rows[0])
+                if bucket not in kept:
+                    raise ValueError(f"a rolled-out group belongs to bucket {bucket!r}, not one of {list(kept)}")
+                generated += 1
+                filtered += int(not ok[rows[0]])
+                (kept if ok[rows[0]] else spare)[bucket].append(scored[np.array(rows)])
+            shortfall = {name: n - len(kept[name]) for name, n in self.targets.items() if len(kept[name]) < n}
+            if not shortfall:
+                break
+            if self.max_rounds and rounds >= self.max_rounds:
+                message = (
+                    f"dynamic sampling: {rounds} generation rounds (algorithm.filter_groups.max_num_gen_batches="
+                    f"{self.max_rounds}) left {sum(shortfall.values())} of {sum(self.targets.values())} groups "
+                    f"short ({shortfall}); the prompts may be too easy or too hard"
+                )
+                if self.on_cap == "error":
+                    raise RuntimeError(message + " (algorithm.filter_groups.on_cap=error)")
+                print(message + "; continuing with the groups that passed", flush=True)
+                break
+            prompts = draw(shortfall)
+        parts, flags, padded = [], [], 0
+        for name, target in self.targets.items():
+            chosen = kept[name][:target]
+            filler = spare[name][: target - len(chosen)]
+            if len(chosen) + len(filler) < target:
+                raise RuntimeError(
+                    f"dynamic sampling: bucket {name!r} got {len(chosen) + len(filler)} of {target} groups"
+                )
+            padded += len(filler)
+            parts += chosen + filler
+            flags += [np.ones(len(g), dtype=bool) for g in chosen] + [np.zeros(len(g), dtype=bool) for g in filler]
+        metrics: dict[str, Any] = {
+            "train/num_gen_batches": rounds,
+            "dynamic_sampling/filtered_frac": filtered / max(generated, 1),
+            "dynamic_sampling/hit_cap": float(padded > 0),
+            "dynamic_sampling/padded_groups": padded,
+        }
+        return concat_aligned(parts), np.concatenate(flags), metrics
