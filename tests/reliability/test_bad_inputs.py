@@ -3,8 +3,9 @@ with one `error: ...` line naming the bad value (and/or what is allowed), and le
 run (output parquet, checkpoint folder, metrics log) byte-for-byte and mtime-for-mtime untouched.
 
 Entry points: `dataset/rlla_4k_raw/rlla.py`, `examples/data_preprocess/gsm8k.py` (cheap, in bulk),
-`python -m verl.trainer.main_ppo` (config mistakes caught before Ray starts) and
-`python -m verl.trainer.fsdp_sft_trainer`.
+`python -m verl.trainer.main_ppo` (config mistakes caught before Ray starts; a reward function returning
+NaN, a string or a tuple of the wrong length fails at the first step of the smallest run),
+`python -m verl.trainer.fsdp_sft_trainer` and `python -m verl.model_merger`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RLLA = str(REPO / "dataset" / "rlla_4k_raw" / "rlla.py")
 GSM8K = str(REPO / "examples" / "data_preprocess" / "gsm8k.py")
+FAULT_REWARDS = str(Path(__file__).resolve().parent / "fault_rewards.py")
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -42,7 +44,23 @@ def good(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
         for i in range(8)
     ]
     pd.DataFrame(sft_rows).to_parquet(out / "sft.parquet")
-    return {"model": tiny_model_dir, "train": str(out / "train.parquet"), "sft": str(out / "sft.parquet")}
+    return {
+        "model": tiny_model_dir,
+        "train": str(out / "train.parquet"),
+        "sft": str(out / "sft.parquet"),
+        "actor_ckpt": _actor_checkpoint(tiny_model_dir, out / "ckpt" / "actor"),
+    }
+
+
+def _actor_checkpoint(model_dir: str, out: Path) -> str:
+    """A real one-rank FSDP checkpoint folder of the tiny model (shards + huggingface/ config and tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.checkpoint import FSDPCheckpointManager
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    FSDPCheckpointManager(model, processing_class=AutoTokenizer.from_pretrained(model_dir)).save_checkpoint(str(out))
+    return str(out)
 
 
 def _make_previous_run(prev: Path, good: dict[str, str]) -> None:
@@ -178,6 +196,7 @@ def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         "gsm8k": [sys.executable, GSM8K],
         "ppo": [sys.executable, "-m", "verl.trainer.main_ppo"],
         "sft": [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer"],
+        "merger": [sys.executable, "-m", "verl.model_merger"],
     }[entry]
     return subprocess.run(command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
@@ -383,4 +402,272 @@ def _empty_parquet(ctx: Ctx) -> None:
 
 @pytest.mark.parametrize("case", PPO_CASES, ids=lambda c: c.id)
 def test_main_ppo_bad_input(case: Case, good, tmp_path):
+    _check_case(case, good, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ more main_ppo cases
+def _tokenizer_without_pad_or_eos(model: Path) -> None:
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["pad_token"] = cfg["eos_token"] = None
+    cfg_path.write_text(json.dumps(cfg))
+
+
+def _rows(edit: Callable[[dict], None]) -> list[dict]:
+    rows = records_to_rows(generate_records(6, seed=5), "train")
+    for row in rows:
+        edit(row)
+    return rows
+
+
+def _incomplete_checkpoint(ctx: Ctx) -> None:
+    folder = ctx.inp / "global_step_3"
+    (folder / "actor").mkdir(parents=True)
+    (folder / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"half written")
+
+
+def _domains(probs: str) -> Callable[[Ctx], list[str]]:
+    def args(ctx: Ctx) -> list[str]:
+        train = ctx.good["train"]
+        domains = f"{{a: {{train_files: [{train}], reward: rlla}}, b: {{train_files: [{train}], reward: rlla}}}}"
+        base = _ppo(f"data.domains={domains}", f"data.domain_interleave_probs={probs}")(ctx)
+        return [a for a in base if not a.startswith("data.train_files=")] + ["data.train_files=null"]
+
+    return args
+
+
+def _smallest_run(reward_fn: str) -> Callable[[Ctx], list[str]]:
+    """One step of 2 prompts x 2 samples of 8 tokens scored by `fault_rewards.<reward_fn>` (it fails on row 0)."""
+    return _ppo(
+        "data.train_batch_size=2",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.logger=[console]",
+        "trainer.ray_init.num_cpus=1",
+        f"custom_reward_function.path={FAULT_REWARDS}",
+        f"custom_reward_function.name={reward_fn}",
+    )
+
+
+MORE_PPO_CASES = [
+    Case(
+        "ppo-tokenizer-without-pad-or-eos",
+        "ppo",
+        _ppo(model="model"),
+        ["neither a pad token nor an eos token", "pad_token"],
+        _model_copy(_tokenizer_without_pad_or_eos),
+    ),
+    Case(
+        "ppo-resume-path-missing",
+        "ppo",
+        _ppo("trainer.resume_mode=resume_path", "trainer.resume_from_path={inp}/nowhere"),
+        ["trainer.resume_from_path=", "nowhere", "holds no complete checkpoint", "resume_mode=auto or disable"],
+    ),
+    Case(
+        "ppo-resume-path-incomplete",
+        "ppo",
+        _ppo("trainer.resume_mode=resume_path", "trainer.resume_from_path={inp}/global_step_3"),
+        ["global_step_3", "holds no complete checkpoint", "COMPLETE"],
+        _incomplete_checkpoint,
+    ),
+    Case(
+        "ppo-resume-path-unset",
+        "ppo",
+        _ppo("trainer.resume_mode=resume_path"),
+        ["trainer.resume_from_path=None", "holds no complete checkpoint"],
+    ),
+    Case(
+        "ppo-overlong-truncation-error-unfiltered",
+        "ppo",
+        _ppo("data.max_prompt_length=40", "data.filter_overlong_prompts=false"),
+        ["row 0", "more than data.max_prompt_length=40 with data.truncation=error", "filter_overlong_prompts=true"],
+    ),
+    *[
+        Case(
+            f"ppo-overlong-truncation-{mode}-all-filtered",
+            "ppo",
+            _ppo(f"data.truncation={mode}", "data.filter_overlong_prompts=true", "data.max_prompt_length=4"),
+            ["every prompt", "longer than max_prompt_length=4", "raise data.max_prompt_length"],
+        )
+        for mode in ("left", "right", "middle")
+    ],
+    Case(
+        "ppo-unknown-data-source",
+        "ppo",
+        _ppo(train="mystery.parquet"),
+        ["mystery.parquet", "row 0", "data_source='mystery'", "no built-in reward function", "rlla"],
+        _parquet("mystery.parquet", _rows(lambda row: row.update(data_source="mystery"))),
+    ),
+    Case(
+        "ppo-reward-model-column-not-dict",
+        "ppo",
+        _ppo(train="gt.parquet"),
+        ["gt.parquet", "row 0", "reward_model=", "must be a dict with a 'ground_truth'"],
+        _parquet("gt.parquet", _rows(lambda row: row.update(reward_model="42"))),
+    ),
+    Case(
+        "ppo-reward-timeout-negative",
+        "ppo",
+        _ppo("reward_model.timeout_s=-1"),
+        ["reward_model.timeout_s=-1", "null (no limit) or seconds > 0"],
+    ),
+    Case(
+        "ppo-domain-probs-not-summing-to-1",
+        "ppo",
+        _domains("{a: 0.5, b: 0.3}"),
+        ["data.domain_interleave_probs must sum to 1", "0.8"],
+    ),
+    Case(
+        "ppo-reward-returns-nan",
+        "ppo",
+        _smallest_run("nan_score"),
+        ["RewardFunctionError", "nan_score on row 0", "non-finite score nan"],
+    ),
+    Case(
+        "ppo-reward-returns-string",
+        "ppo",
+        _smallest_run("string_score"),
+        ["RewardFunctionError", "string_score on row 0", "returned score '1.0' of type str; expected a real number"],
+    ),
+    Case(
+        "ppo-reward-returns-short-tuple",
+        "ppo",
+        _smallest_run("short_tuple"),
+        ["RewardFunctionError", "short_tuple on row 0", "tuple of length 2", "(score, format, correctness, length)"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", MORE_PPO_CASES, ids=lambda c: c.id)
+def test_main_ppo_more_bad_input(case: Case, good, tmp_path):
+    _check_case(case, good, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ model_merger
+def _merger(local: str | None = None, *extra: str, target: str = "{prev}/merged") -> Callable[[Ctx], list[str]]:
+    """model_merger arguments: `local` under the case's inputs (default: the good checkpoint), output inside the
+    earlier run's folder (so any file it wrote would show)."""
+
+    def args(ctx: Ctx) -> list[str]:
+        local_dir = str(ctx.inp / local) if local else ctx.good["actor_ckpt"]
+        out = target.replace("{prev}", str(ctx.prev))
+        return ["--local_dir", local_dir, "--target_dir", out, *(e.replace("{inp}", str(ctx.inp)) for e in extra)]
+
+    return args
+
+
+def _ckpt_copy(edit: Callable[[Path], None]) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        shutil.copytree(ctx.good["actor_ckpt"], ctx.inp / "ckpt")
+        edit(ctx.inp / "ckpt")
+
+    return setup
+
+
+MERGER_CASES = [
+    Case("merger-missing-dir", "merger", _merger("nope"), ["nope", "does not exist"]),
+    Case(
+        "merger-no-shards",
+        "merger",
+        _merger("empty"),
+        ["no model_world_size_*_rank_*.pt", "found: nothing"],
+        lambda ctx: (ctx.inp / "empty").mkdir(),
+    ),
+    Case(
+        "merger-corrupt-shard",
+        "merger",
+        _merger("ckpt"),
+        ["cannot read shard", "model_world_size_1_rank_0.pt"],
+        _ckpt_copy(lambda d: (d / "model_world_size_1_rank_0.pt").write_bytes(b"PK\x03\x04 truncated")),
+    ),
+    Case(
+        "merger-missing-rank",
+        "merger",
+        _merger("ckpt"),
+        ["world size 2", "lack ranks [1]"],
+        _ckpt_copy(lambda d: (d / "model_world_size_1_rank_0.pt").rename(d / "model_world_size_2_rank_0.pt")),
+    ),
+    Case(
+        "merger-no-config",
+        "merger",
+        _merger("ckpt"),
+        ["no config.json", "--hf_model_path"],
+        _ckpt_copy(lambda d: shutil.rmtree(d / "huggingface")),
+    ),
+    Case(
+        "merger-config-of-another-model",
+        "merger",
+        _merger(None, "--hf_model_path", "{inp}/bert"),
+        ["does not match the model config", "missing"],
+        _bert_folder,
+    ),
+    Case(
+        "merger-target-not-empty",
+        "merger",
+        _merger(target="{prev}/grpo_tiny/global_step_1"),
+        ["global_step_1", "is not empty", "--overwrite"],
+    ),
+    Case(
+        "merger-unknown-backend",
+        "merger",
+        _merger(None, "--backend", "megatron"),
+        ["--backend", "invalid choice: 'megatron'", "fsdp"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", MERGER_CASES, ids=lambda c: c.id)
+def test_model_merger_bad_input(case: Case, good, tmp_path):
+    _check_case(case, good, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ the SFT trainer
+def _sft(*overrides: str, train: str | None = None) -> Callable[[Ctx], list[str]]:
+    """fsdp_sft_trainer arguments for a small valid run into the earlier run's folder, plus `overrides`."""
+
+    def args(ctx: Ctx) -> list[str]:
+        return [
+            f"data.train_files={ctx.inp / train if train else ctx.good['sft']}",
+            f"model.partial_pretrain={ctx.good['model']}",
+            "data.max_length=64",
+            "data.train_batch_size=4",
+            "data.micro_batch_size_per_gpu=2",
+            "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={ctx.prev}/sft",
+            *(o.replace("{inp}", str(ctx.inp)) for o in overrides),
+        ]
+
+    return args
+
+
+SFT_CASES = [
+    Case("sft-missing-train-file", "sft", _sft(train="nope.parquet"), ["nope.parquet", "does not exist"]),
+    Case(
+        "sft-messages-not-chat",
+        "sft",
+        _sft(train="text.parquet"),
+        ["text.parquet", "row 0"],
+        _parquet("text.parquet", [{"messages": "just a string"}] * 4),
+    ),
+    Case(
+        "sft-no-assistant-turn",
+        "sft",
+        _sft(train="user.parquet"),
+        ["user.parquet", "no assistant message"],
+        _parquet("user.parquet", [{"messages": [{"role": "user", "content": "hi"}]}] * 4),
+    ),
+    Case("sft-bad-dtype", "sft", _sft("model.dtype=float64"), ["model.dtype='float64'", "allowed", "bfloat16"]),
+    Case(
+        "sft-batch-not-divisible",
+        "sft",
+        _sft("data.train_batch_size=6", "data.micro_batch_size_per_gpu=4"),
+        ["train_batch_size/world_size=6", "micro_batch_size_per_gpu=4", "divisible"],
+    ),
+    Case("sft-bad-truncation", "sft", _sft("data.truncation=middle"), ["data.truncation='middle'", "allowed"]),
+    Case("sft-model-missing", "sft", _sft("model.partial_pretrain={inp}/no_model"), ["no_model"]),
+]
+
+
+@pytest.mark.parametrize("case", SFT_CASES, ids=lambda c: c.id)
+def test_sft_trainer_bad_input(case: Case, good, tmp_path):
     _check_case(case, good, tmp_path)
