@@ -1,0 +1,60 @@
+# Shared by train_grpo.sh and train_ppo.sh (sourced, not run): picks the Python, prepares the embedded default
+# job when BASE_MODEL is unset, checks the data files, and builds the overrides every launch passes.
+#
+# Environment: BASE_MODEL (HF model dir; unset = build the tiny default), DATA_DIR (train.parquet + test.parquet),
+# EXPERIMENT_NAME, N_GPUS (GPUs per node; on CPU worker processes per node), NNODES, SEED, WORK_DIR (default job
+# folder), PYTHON. ToolRL's reward switches (WITHLENGTH, CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD,
+# SCHEDULELENGTH, REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD =1) are read by the RLLA reward at call time.
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+SEED=${SEED:-1}
+LAUNCH_START=$SECONDS
+
+# Sets BASE_MODEL, DATA_DIR and EMBEDDED (1 when the embedded default job is used).
+resolve_model_and_data() {
+  if [ -z "${BASE_MODEL:-}" ]; then
+    local work=${WORK_DIR:-outputs/default}
+    "$PY" -m verl.trainer.prepare_default --out "$work" --seed "$SEED"
+    BASE_MODEL=$work/sft_model
+    DATA_DIR=$work/data
+    EMBEDDED=1
+  else
+    if [ -z "${DATA_DIR:-}" ]; then
+      echo "error: BASE_MODEL is set but DATA_DIR is not; set DATA_DIR to a folder holding train.parquet and test.parquet" >&2
+      exit 1
+    fi
+    EMBEDDED=0
+  fi
+  local f
+  for f in "$DATA_DIR/train.parquet" "$DATA_DIR/test.parquet"; do
+    if [ ! -f "$f" ]; then
+      echo "error: missing data file $f; make RLLA parquet with 'python dataset/rlla_4k_raw/rlla.py --local_dir $DATA_DIR'" \
+        "(or --synthetic N) or GSM8K with 'python examples/data_preprocess/gsm8k.py --local_dir $DATA_DIR'" >&2
+      exit 1
+    fi
+  done
+  COMMON=(
+    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet"
+    actor_rollout_ref.model.path="$BASE_MODEL"
+    trainer.n_gpus_per_node="${N_GPUS:-1}" trainer.nnodes="${NNODES:-1}"
+  )
+  if [ -n "${EXPERIMENT_NAME:-}" ]; then
+    COMMON+=(trainer.experiment_name="$EXPERIMENT_NAME")
+  fi
+}
+
+# Runs main_ppo with the given arguments; for the embedded default job, also prints the total wall time
+# (preparation + training) after main_ppo's own summary.
+run_main_ppo() {
+  if [ "$EMBEDDED" != 1 ]; then
+    exec "$PY" -m verl.trainer.main_ppo "$@"
+  fi
+  local rc=0
+  "$PY" -m verl.trainer.main_ppo "$@" || rc=$?
+  if [ "$rc" = 0 ]; then
+    local total=$((SECONDS - LAUNCH_START))
+    printf 'main job wall time (prepare + train): %dm%02ds\n' $((total / 60)) $((total % 60))
+  fi
+  return "$rc"
+}
