@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.trainer.fsdp_sft_trainer import run_sft, sft_loss
+from verl.trainer.fsdp_sft_trainer import _forward, _to_device, run_sft, sft_loss
 from verl.utils.dataset.sft_dataset import SFTDataset
 
 TWO_TURNS = [
@@ -122,6 +122,25 @@ def test_sft_loss_matches_hand_computed_cross_entropy():
     # token 1 from position 0: log(e^2 + 1 + 1) - 0
     assert count_all.item() == 2
     assert torch.allclose(summed_all, expected + torch.log(torch.tensor(torch.e**2 + 2)))
+
+
+def test_batches_cut_to_longest_sequence_give_the_same_loss_and_gradients(tokenizer, tiny_model_dir, tmp_path):
+    path = _write(tmp_path, "chat.parquet", [{"messages": TWO_TURNS}, {"messages": TWO_TURNS[:3]}])
+    dataset = SFTDataset(path, tokenizer, {"max_length": 256})
+    full = {k: torch.stack([dataset[0][k], dataset[1][k]]) for k in dataset[0]}
+    cut = _to_device(full, "cpu")
+    longest = int(full["attention_mask"].sum(-1).max())
+    assert full["input_ids"].shape[1] == 256 and cut["input_ids"].shape[1] == longest < 256
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    results = []
+    for batch in (full, cut):
+        model.zero_grad()
+        summed, count = sft_loss(_forward(model, batch), batch["input_ids"], batch["loss_mask"])
+        summed.backward()
+        results.append((summed.detach(), count, model.lm_head.weight.grad.clone()))
+    assert results[0][1] == results[1][1]
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
+    assert torch.allclose(results[0][2], results[1][2], atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ trainer

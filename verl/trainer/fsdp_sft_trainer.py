@@ -104,7 +104,10 @@ def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
-    return {k: v.to(device) for k, v in batch.items()}
+    """The batch on `device`, cut to its longest sequence: rows are right-padded to data.max_length, and for a
+    causal model the padding columns after the last real token change neither the loss nor the gradients."""
+    width = max(int(batch["attention_mask"].sum(-1).max()), 2)
+    return {k: v[:, :width].to(device) for k, v in batch.items()}
 
 
 def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
