@@ -117,8 +117,18 @@ def load_merged_state_dict(local_dir: str, config) -> dict[str, torch.Tensor]:
     """`{name: full tensor}` of the checkpoint in `local_dir`, checked against a model built from `config`."""
     paths = find_model_shards(local_dir)
     full_shapes = {name: t.shape for name, t in _meta_model(config).state_dict().items()}
-    shards = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
-    return merge_shards(shards, full_shapes)
+    return merge_shards([_load_shard(p) for p in paths], full_shapes)
+
+
+def _load_shard(path: str) -> dict[str, torch.Tensor]:
+    """One rank's shard file; MergeError naming it when it is not a readable torch file of tensors."""
+    try:
+        shard = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated/corrupt file raises RuntimeError, UnpicklingError, EOFError, ...
+        raise MergeError(f"cannot read shard {path!r} ({type(err).__name__}: {str(err).splitlines()[0]})") from err
+    if not isinstance(shard, dict) or not all(isinstance(v, torch.Tensor) for v in shard.values()):
+        raise MergeError(f"shard {path!r} holds a {type(shard).__name__}, not a dict of tensors")
+    return shard
 
 
 def _check_target(target_dir: str, overwrite: bool) -> None:

@@ -4,10 +4,16 @@ it, and configuration mistakes exit non-zero with one line naming the bad value.
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
@@ -65,6 +71,10 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, data_dir, tmp_path):
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "trainer.log_val_generations=2",
         "trainer.total_training_steps=2",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=1",
@@ -83,12 +93,25 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, data_dir, tmp_path):
         "timing_s/gen",
         "response_length/mean",
         "perf/throughput",
+        "perf/mfu/actor",
         "training/rollout_probs_diff_max",
     ):
         assert key in steps[0], key
+    assert 0 < steps[0]["perf/mfu/actor"] < 1
     assert steps[0]["training/rollout_probs_diff_max"] < 1e-3  # rollout engine holds the actor's weights
     assert steps[1]["training/rollout_probs_diff_max"] < 1e-3  # ... also after the first update
     assert "val/reward/mean" in rows[0] and "val/reward/mean" in steps[-1]
+    source = "rlla"  # the data_source of records_to_rows
+    for key in ("reward/mean@2", "reward/best@2/mean", "reward/maj@2/mean"):
+        assert f"val-core/{source}/{key}" in rows[0], key
+    assert rows[0][f"val-core/{source}/reward/best@2/mean"] >= rows[0][f"val-core/{source}/reward/mean@2"]
+    generations = [json.loads(line) for line in open(run_dir / "logs" / "val_generations.jsonl")]
+    assert [g["step"] for g in generations] == [0, 0, 2, 2] and set(generations[0]) == {
+        "step",
+        "input",
+        "output",
+        "score",
+    }
     assert os.path.isfile(run_dir / "logs" / "curves.png")
     assert sorted(os.listdir(run_dir)) == ["global_step_2", "latest_checkpointed_iteration.txt", "logs"]
     # resume: one more step continues from step 2
@@ -98,18 +121,92 @@ def test_grpo_runs_checkpoints_and_resumes(tiny_model_dir, data_dir, tmp_path):
     assert [r["step"] for r in _metrics(run_dir) if r["step"] > 0] == [1, 2, 3]
 
 
-def test_ppo_with_critic_runs(tiny_model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ppo_with_critic_runs(tiny_model_dir, data_dir, tmp_path, ranks):
     run_dir = tmp_path / "run"
     args = _common(tiny_model_dir, data_dir, run_dir) + [
         "algorithm.adv_estimator=gae",
-        "trainer.total_training_steps=1",
+        f"trainer.n_gpus_per_node={ranks}",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=2",
+    ]
+    proc = _run(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = {r["step"]: r for r in _metrics(run_dir) if r["step"] > 0}
+    assert sorted(steps) == [1, 2]
+    for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss", "critic/lr"):
+        assert key in steps[1], key
+    assert steps[2]["critic/values/mean"] != steps[1]["critic/values/mean"]  # the critic was updated
+    for role in ("actor", "critic"):
+        shards = sorted(f for f in os.listdir(run_dir / "global_step_2" / role) if f.startswith("model_world_size"))
+        assert shards == [f"model_world_size_{ranks}_rank_{r}.pt" for r in range(ranks)]
+
+
+def test_grpo_two_ranks_trains(tiny_model_dir, data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = _common(tiny_model_dir, data_dir, run_dir) + [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=2",
         "trainer.val_before_train=false",
     ]
     proc = _run(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    step = [r for r in _metrics(run_dir) if r["step"] == 1][0]
-    for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/pg_loss"):
-        assert key in step, key
+    steps = {r["step"]: r for r in _metrics(run_dir) if r["step"] > 0}
+    assert sorted(steps) == [1, 2]
+    # both ranks' rollout engines hold the actor's weights, before and after an update
+    assert max(steps[1]["training/rollout_probs_diff_max"], steps[2]["training/rollout_probs_diff_max"]) < 1e-3
+    assert steps[2]["actor/kl_loss"] > 0  # the actor moved away from the reference
+
+
+def test_ctrl_c_stops_workers_and_ray(tiny_model_dir, data_dir, tmp_path):
+    """SIGINT during training: exit code 130, one line on stderr, and no Ray process of the run left behind."""
+    # Ray puts its session (and every process's --session-dir) under RAY_TMPDIR; short: socket paths are capped
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    args = _common(tiny_model_dir, data_dir, tmp_path / "run") + [
+        "trainer.total_training_steps=200",
+        "trainer.val_before_train=false",
+        "trainer.logger=[console]",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stdout:  # wait until a training step has been logged
+            if line.startswith("step 1"):
+                break
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert _ray_processes(ray_tmp), "no Ray process found under RAY_TMPDIR: the check below would prove nothing"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "interrupted: workers and Ray stopped"
+    deadline = time.time() + 20
+    while _ray_processes(ray_tmp) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _ray_processes(ray_tmp) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if str(ray_tmp) in cmdline:
+            found.append(cmdline[:200])
+    return found
 
 
 @pytest.mark.parametrize(

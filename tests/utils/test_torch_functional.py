@@ -185,3 +185,15 @@ def test_tokenize_and_postprocess_errors(word_tokenizer):
         verl_F.tokenize_and_postprocess_data(PROMPT, word_tokenizer, 3, pad_token_id=0)
     with pytest.raises(ValueError, match=r"truncation='sideways'.*'error', 'left', 'right', 'middle'"):
         verl_F.tokenize_and_postprocess_data(PROMPT, word_tokenizer, 3, pad_token_id=0, truncation="sideways")
+
+
+def test_prompt_groups_number_identical_prompts_by_first_appearance():
+    from verl.utils.torch_functional import group_first_rows, prompt_groups
+
+    # prompts a, b, a, c, b, left-padded; "c" has a's ids but a different mask (a shorter prompt)
+    ids = torch.tensor([[0, 5, 6, 1, 2], [7, 8, 9, 1, 2], [0, 5, 6, 3, 4], [9, 5, 6, 1, 2], [7, 8, 9, 3, 3]])
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    groups = prompt_groups(ids, mask, response_length=2)  # the last 2 columns are the response
+    assert groups.tolist() == [0, 1, 0, 2, 1]
+    assert group_first_rows(groups).tolist() == [0, 1, 3]
+    assert prompt_groups(ids, mask).tolist() == [0, 1, 2, 3, 4]  # whole rows as prompts: all differ

@@ -39,3 +39,21 @@ def test_console_line_orders_known_keys():
     assert (
         format_console_line(3, {"actor/pg_loss": 0.25, "critic/score/mean": 1.0}) == "step 3 | score 1 | pg_loss 0.25"
     )
+
+
+def test_generations_table_written_to_jsonl_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracking("p", "e", ["tensorboard"], str(tmp_path))
+    rows = [{"input": "q | 1", "output": "a\nb", "score": 0.5}, {"input": "q2", "output": "c", "score": -1.0}]
+    tracker.log_generations(rows, step=3)
+    tracker.log_generations([], step=4)  # nothing to log: nothing written
+    tracker.finish()
+    saved = [json.loads(line) for line in open(tmp_path / "val_generations.jsonl")]
+    assert saved == [{"step": 3, **rows[0]}, {"step": 3, **rows[1]}]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("val/generations/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert text.step == 3
+    assert "| q \\| 1 | a<br>b | 0.5 |" in table and "| q2 | c | -1 |" in table

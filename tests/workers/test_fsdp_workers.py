@@ -113,8 +113,19 @@ def test_config_normalisation_and_errors(tiny_model_dir):
     assert (
         ActorRolloutRefWorker(big_micro.actor_rollout_ref, role="actor").config.actor.ppo_micro_batch_size_per_gpu == 8
     )
-    with pytest.raises(ValueError, match="lora_rank"):
-        ActorRolloutRefWorker(trainer_config(tiny_model_dir, **{"model.lora_rank": 8}).actor_rollout_ref, role="actor")
+    with pytest.raises(ValueError, match=r"lora_rank must be an integer >= 0.*got -1"):
+        ActorRolloutRefWorker(trainer_config(tiny_model_dir, **{"model.lora_rank": -1}).actor_rollout_ref, role="actor")
+    reuse = {"actor.recompute_old_log_prob": False}
+    no_lp = trainer_config(tiny_model_dir, **reuse, **{"rollout.calculate_log_probs": False})
+    with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.calculate_log_probs=true"):
+        ActorRolloutRefWorker(no_lp.actor_rollout_ref, role="actor_rollout")
+    other_dtype = trainer_config(tiny_model_dir, **reuse, **{"rollout.dtype": "bfloat16"})
+    with pytest.raises(ValueError, match="rollout.dtype='bfloat16', model.dtype='float32'"):
+        ActorRolloutRefWorker(other_dtype.actor_rollout_ref, role="actor_rollout")
+    ActorRolloutRefWorker(trainer_config(tiny_model_dir, **reuse).actor_rollout_ref, role="actor_rollout")
+    checkpointed = {"model.share_prompt_prefix": True, "model.enable_gradient_checkpointing": True}
+    with pytest.raises(ValueError, match="share_prompt_prefix=true needs a KV cache"):
+        ActorRolloutRefWorker(trainer_config(tiny_model_dir, **checkpointed).actor_rollout_ref, role="actor")
     ref_only = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="ref")
     with pytest.raises(RuntimeError, match="update_actor needs a worker of role actor"):
         ref_only.update_actor(DataProto())
@@ -168,6 +179,50 @@ def test_generate_logprob_update_sync_checkpoint_round_trip(worker, tmp_path):
     for name, value in rollout_state(worker).items():
         assert torch.equal(value, actor_weights[name]), name
     assert worker.actor_lr_scheduler.last_epoch == 1
+
+
+def test_lora_trains_and_syncs_only_adapters_and_the_reference_is_the_base(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    overrides = {"model.lora_rank": 4, "model.lora_alpha": 8, "actor.optim.lr": 5e-2}
+    cfg = trainer_config(tiny_model_dir, **overrides)
+    w = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
+    w.init_model()
+    trainable = [n for n, p in w.actor_module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not hasattr(w, "ref_module") and w.ref_policy.actor_module is w.actor_module  # no second model
+    optimized = {id(p) for group in w.actor_optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for n, p in w.actor_module.named_parameters() if "lora_" in n}
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    gen = w.generate_sequences(make_prompts(w.tokenizer, seed=3))
+    mask = gen.batch["response_mask"].bool()
+    with torch.no_grad():
+        b = gen.batch
+        logits = base(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        logits = logits.logits[:, -RESPONSE_LEN - 1 : -1]
+    base_lp = torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+    ref = w.compute_ref_log_prob(gen)
+    torch.testing.assert_close(ref.batch["ref_log_prob"][mask], base_lp[mask], atol=1e-5, rtol=0)
+
+    before = {n: p.detach().clone() for n, p in w.actor_module.named_parameters()}
+    old = w.compute_log_prob(gen)
+    w.update_actor(with_advantages(gen.union(old).union(ref)))
+    changed = [n for n, p in w.actor_module.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert changed and all("lora_" in n for n in changed)  # the base weights never move
+    # the rollout got the new adapters: its log-probs equal the updated actor's
+    rollout_params = dict(w.rollout.module.named_parameters())
+    for name, p in w.actor_module.named_parameters():
+        if "lora_" in name:
+            assert torch.equal(rollout_params[name], p.detach().full_tensor()), name
+    gen2 = w.generate_sequences(make_prompts(w.tokenizer, seed=4))
+    old2 = w.compute_log_prob(gen2)
+    mask2 = gen2.batch["response_mask"].bool()
+    assert (old2.batch["old_log_probs"] - gen2.batch["rollout_log_probs"])[mask2].abs().max() < 1e-5
+    assert (w.compute_log_prob(gen).batch["old_log_probs"] - old.batch["old_log_probs"])[mask].abs().max() > 1e-3
+    # the reference is still the base model (adapters disabled), although the adapters moved
+    ref_after = w.compute_ref_log_prob(gen).batch["ref_log_prob"]
+    torch.testing.assert_close(ref_after, ref.batch["ref_log_prob"], atol=1e-6, rtol=0)
 
 
 def test_critic_values_update_and_checkpoint(worker, tiny_model_dir, tmp_path):

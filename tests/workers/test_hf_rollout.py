@@ -213,3 +213,66 @@ def test_bad_config_is_rejected(model):
         HFRollout(model, rollout_config(response_length=0))
     with pytest.raises(ValueError, match="micro_batch_size"):
         HFRollout(model, rollout_config(micro_batch_size=0))
+
+
+def record_batch_sizes(model):
+    """A forward pre-hook recording (batch size, sequence length) of every forward call of `model`."""
+    calls = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    return calls, handle
+
+
+def test_repeated_prompts_are_prefilled_once_and_match_a_full_forward(model, tokenizer):
+    """rollout.n copies of a prompt share one prefill; their samples and log-probs are those of a full forward."""
+    prompts = make_prompts(tokenizer, seed=7).repeat(3, interleave=True)
+    calls, handle = record_batch_sizes(model)
+    try:
+        cfg = rollout_config(calculate_log_probs=True)
+        out = HFRollout(model, cfg, tokenizer).generate_sequences(prompts)
+    finally:
+        handle.remove()
+    longest = max(len(tokenizer(t)["input_ids"]) for t in TEXTS)
+    assert calls[0] == (len(TEXTS), longest)  # one prefill row per distinct prompt, common left padding cut
+    assert all(shape == (3 * len(TEXTS), 1) for shape in calls[1:])  # decode steps on all 12 rows
+    assert len(calls) == RESPONSE_LEN  # the last sampled token needs no forward
+    ref = full_forward_log_probs(model, out, 1.0) * out.batch["response_mask"]
+    torch.testing.assert_close(out.batch["rollout_log_probs"], ref, atol=1e-5, rtol=0)
+    responses = out.batch["responses"].view(len(TEXTS), 3, RESPONSE_LEN)
+    assert any(not torch.equal(r[0], r[1]) for r in responses)  # copies draw their own samples
+
+    greedy = HFRollout(model, rollout_config(), tokenizer).generate_sequences(
+        make_prompts(tokenizer, validate=True).repeat(2, interleave=True)
+    )
+    for i, text in enumerate(TEXTS):
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        alone = model.generate(ids, do_sample=False, max_new_tokens=RESPONSE_LEN, eos_token_id=UNUSED_EOS,
+                               pad_token_id=tokenizer.pad_token_id, top_k=None)  # fmt: skip
+        for copy in (2 * i, 2 * i + 1):
+            assert greedy.batch["responses"][copy].tolist() == alone[0, ids.shape[1] :].tolist()
+
+
+def test_finished_rows_leave_the_batch(model, tokenizer):
+    """A row that emitted an eos costs no further forward rows; its response stops at the eos."""
+    rollout = HFRollout(model, rollout_config(), tokenizer)
+    free = rollout.generate_sequences(make_prompts(tokenizer, validate=True))
+    eos = int(free.batch["responses"][0, 1])  # greedy row 0 emits this token at step 1
+    calls, handle = record_batch_sizes(model)
+    try:
+        out = rollout.generate_sequences(make_prompts(tokenizer, validate=True, eos_token_id=[eos, UNUSED_EOS]))
+    finally:
+        handle.remove()
+    ended = [i for i in range(len(TEXTS)) if eos in free.batch["responses"][i].tolist()]
+    assert 0 in ended
+    batch_sizes = [shape[0] for shape in calls]
+    assert batch_sizes[0] == len(TEXTS) and batch_sizes[-1] < len(TEXTS)  # the batch shrinks
+    first_eos = [free.batch["responses"][i].tolist().index(eos) for i in ended]
+    # decode forwards: a row whose first eos is token f feeds tokens 0..f-1 only; the others feed R-1 tokens
+    expected_rows = sum(min(RESPONSE_LEN - 1, f) for f in first_eos) + (len(TEXTS) - len(ended)) * (RESPONSE_LEN - 1)
+    assert sum(batch_sizes[1:]) == expected_rows
+    f = first_eos[0]
+    assert out.batch["response_mask"][0].tolist() == [1] * (f + 1) + [0] * (RESPONSE_LEN - f - 1)
+    assert out.batch["responses"][0].tolist() == free.batch["responses"][0, : f + 1].tolist() + [
+        tokenizer.pad_token_id
+    ] * (RESPONSE_LEN - f - 1)

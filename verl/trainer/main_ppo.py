@@ -31,11 +31,23 @@ def resolve_device(name: str) -> str:
     return name
 
 
+MAKE_DATA_HINT = (
+    "make RLLA parquet with `python dataset/rlla_4k_raw/rlla.py --local_dir DIR` (or `--synthetic N`) and GSM8K "
+    "with `python examples/data_preprocess/gsm8k.py --local_dir DIR`"
+)
+
+
+def _as_list(files) -> list[str]:
+    if files is None:
+        return []
+    return [files] if isinstance(files, str) else list(files)
+
+
 def _check_paths(config: DictConfig) -> None:
-    files = config.data.train_files
-    for f in [files] if isinstance(files, str) else list(files):
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"data.train_files: no such file {f!r}")
+    for key in ("train_files", "val_files"):
+        for f in _as_list(config.data.get(key)):
+            if not os.path.isfile(f):
+                raise FileNotFoundError(f"data.{key}: no such file {f!r}; {MAKE_DATA_HINT}")
     model_path = config.actor_rollout_ref.model.path
     if not os.path.isdir(model_path):
         raise FileNotFoundError(
@@ -44,7 +56,57 @@ def _check_paths(config: DictConfig) -> None:
         )
     _check_model_is_causal_lm(model_path)
     _check_rollout_name(config.actor_rollout_ref.rollout.name)
+    _check_rollout_workflow(config.actor_rollout_ref.rollout.get("workflow"))
     _check_custom_reward(config)
+    _check_resume_path(config.trainer)
+
+
+def _check_reward_columns(config: DictConfig, datasets: list) -> None:
+    """What the reward managers read, checked on every row before Ray starts: a `reward_model` dict with a
+    'ground_truth', and (without a custom reward function) a data source that has a built-in scorer."""
+    from verl.utils.reward_score import KNOWN_DATA_SOURCES, has_default_scorer
+
+    if config.reward_model.get("enable"):  # a reward model scores the responses
+        return
+    custom = (config.get("custom_reward_function") or {}).get("path")
+    key = config.data.get("reward_fn_key", "data_source")
+    for dataset in (d for d in datasets if d is not None):
+        for (path, row_number, _), row in zip(dataset.origins, dataset.rows):
+            where = f"parquet file {path!r} row {row_number}"
+            truth = row.get("reward_model")
+            if not isinstance(truth, dict) or "ground_truth" not in truth:
+                raise ValueError(
+                    f"{where}: reward_model={truth!r:.120} must be a dict with a 'ground_truth' (the reward "
+                    "managers pass it to the reward function)"
+                )
+            if not custom and not has_default_scorer(row.get(key)):
+                raise ValueError(
+                    f"{where}: {key}={row.get(key)!r} has no built-in reward function; known: "
+                    f"{list(KNOWN_DATA_SOURCES)} (or a name starting with 'rlla'), or set custom_reward_function.path"
+                )
+
+
+def _check_resume_path(trainer: DictConfig) -> None:
+    """resume_mode=resume_path needs a complete checkpoint folder (checked again by the trainer on load)."""
+    from verl.trainer.ppo import checkpoint as ckpt
+
+    path = trainer.get("resume_from_path")
+    if trainer.get("resume_mode") == "resume_path" and (not path or not ckpt.is_complete(str(path))):
+        raise FileNotFoundError(
+            f"trainer.resume_from_path={path!r} holds no complete checkpoint (a global_step_N folder with a "
+            f"{ckpt.COMPLETE_MARKER} file); use trainer.resume_mode=auto or disable"
+        )
+
+
+def _check_domains(config: DictConfig):
+    """`parse_domains` (None without data.domains) plus the reward worker settings of the types in use."""
+    from verl.trainer.ppo.domains import parse_domains
+    from verl.workers.reward_workers import check_reward_config
+
+    parsed = parse_domains(config)
+    if parsed is not None:
+        check_reward_config(config, [spec.reward_type for spec in parsed[0]])
+    return parsed
 
 
 def _check_model_is_causal_lm(model_path: str) -> None:
@@ -72,6 +134,13 @@ def _check_rollout_name(name: str) -> None:
     from verl.workers.rollout import get_rollout_class
 
     get_rollout_class(name)  # unknown name -> ValueError listing the known engines
+
+
+def _check_rollout_workflow(name: str | None) -> None:
+    from verl.workers.rollout.workflows import get_workflow_class
+
+    if name:
+        get_workflow_class(str(name))  # unknown name or bad dotted path -> ValueError naming the allowed ones
 
 
 def _check_custom_reward(config: DictConfig) -> None:
@@ -108,13 +177,17 @@ def build_trainer(config: DictConfig):
     import ray
     import torch
 
+    from verl.trainer.ppo import async_rollout
+    from verl.trainer.ppo.domains import build_domain_datasets
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.tokenizer import hf_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+    from verl.workers.reward_workers import RewardWorkerPool
 
     _check_paths(config)
+    domain_setup = _check_domains(config)  # data.domains: every domain's files, reward type and probability
     device = resolve_device(config.trainer.device)
     with open_dict(config):
         config.actor_rollout_ref.device = device
@@ -124,16 +197,26 @@ def build_trainer(config: DictConfig):
         config.data.tokenizer or config.actor_rollout_ref.model.path,
         trust_remote_code=config.actor_rollout_ref.model.trust_remote_code,
     )
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
-    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.get("num_examine", 1))
+    num_examine = config.reward_model.get("num_examine", 1)
+    if domain_setup is None:
+        train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
+        val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=num_examine)
+        _check_reward_columns(config, [train_dataset, val_dataset])
+    else:  # scored by the reward workers, set below once Ray runs
+        train_dataset, val_dataset = build_domain_datasets(domain_setup[0], tokenizer, config.data)
+        reward_fn = val_reward_fn = None
 
     n_proc = int(config.trainer.n_gpus_per_node)
     nnodes = int(config.trainer.nnodes)
+    mapping = {Role.ActorRollout: "global_pool", Role.Critic: "global_pool"}
+    rollout_pool = async_rollout.rollout_pool_spec(config)  # trainer.rollout_mode=async: the rollout's own processes
+    if rollout_pool:
+        mapping[Role.Rollout] = "rollout_pool"
     pool_manager = ResourcePoolManager(
-        resource_pool_spec={"global_pool": [n_proc] * nnodes},
-        mapping={Role.ActorRollout: "global_pool", Role.Critic: "global_pool"},
+        resource_pool_spec={"global_pool": [n_proc] * nnodes, **rollout_pool},
+        mapping=mapping,
         use_gpu=device == "cuda",
     )
     # the trainer checks the whole config before Ray starts, so mistakes fail in seconds
@@ -151,9 +234,16 @@ def build_trainer(config: DictConfig):
     init_ray(config)
     cpus_per_worker = config.trainer.get("cpus_per_worker")
     if cpus_per_worker is None:
-        cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // (n_proc * nnodes))
+        cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // pool_manager.get_n_processes())
     pool_manager.cpus_per_process = int(cpus_per_worker)
+    if domain_setup is not None:  # one group of reward actors per reward type; they start while the models load
+        tokenizer_path = config.data.tokenizer or config.actor_rollout_ref.model.path
+        trainer.reward_pool = RewardWorkerPool(config, domain_setup[0], tokenizer_path)
+        trainer.reward_fn = trainer.reward_pool.reward_fn(num_examine=0)
+        trainer.val_reward_fn = trainer.reward_pool.reward_fn(num_examine=num_examine)
     trainer.init_workers()
+    if trainer.reward_pool is not None:
+        trainer.reward_pool.wait_ready()
     return trainer
 
 
@@ -178,11 +268,13 @@ def main(config: DictConfig) -> None:
     except KeyboardInterrupt:
         print("\ninterrupted: workers and Ray stopped", file=sys.stderr)
         sys.exit(130)
-    except USER_ERRORS as e:
-        if os.environ.get("VERL_FULL_ERROR") == "1":
+    except Exception as e:  # a config mistake, or a started run failing (reward, worker, NaN): one line
+        from verl.trainer.ppo.failures import RUN_FAILURES, one_line
+
+        if os.environ.get("VERL_FULL_ERROR") == "1" or not isinstance(e, USER_ERRORS + RUN_FAILURES):
             raise
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {type(e).__name__}: {message}", file=sys.stderr)
+        hint = "" if isinstance(e, USER_ERRORS) else " (VERL_FULL_ERROR=1 shows the traceback)"
+        print(f"error: {one_line(e)}{hint}", file=sys.stderr)
         sys.exit(1)
 
 

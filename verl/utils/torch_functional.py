@@ -1,7 +1,8 @@
 """Tensor helpers shared by the actor, critic, rollout and algorithm code.
 
 Owns: log-probabilities and entropy from logits, masked statistics (sum, mean, var, whiten), response masks
-from EOS tokens, position ids from attention masks, prompt tokenisation with left padding, and padding helpers.
+from EOS tokens, position ids from attention masks, prompt tokenisation with left padding, padding helpers, and
+the grouping of rows that share a prompt (`prompt_groups`, `group_first_rows`).
 Layer 1 (see DESIGN.md): imports only torch; must not import Ray, models or any other layer of the package.
 Numerical conventions follow verl (see specs/core_algos.md).
 """
@@ -243,3 +244,28 @@ def tokenize_and_postprocess_data(
                 f"or set truncation to one of 'left', 'right', 'middle'"
             )
     return input_ids, attention_mask
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int = 0) -> torch.Tensor:
+    """(bs,) group id of every row: rows whose prompts are identical share an id, numbered 0, 1, ... in order
+    of first appearance.
+
+    The prompt is the first seq_len - response_length columns of `input_ids` / `attention_mask` (bs, seq_len);
+    two prompts are identical when their masks and their ids under the mask are equal.
+    Example: prompts [a, b, a, c] -> [0, 1, 0, 2].
+    """
+    prompt_len = input_ids.shape[1] - response_length
+    mask = attention_mask[:, :prompt_len]
+    key = torch.cat([input_ids[:, :prompt_len] * mask, mask], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first_row = group_first_rows(inverse)
+    rank = torch.empty_like(first_row)
+    rank[torch.argsort(first_row)] = torch.arange(len(first_row), device=first_row.device)
+    return rank[inverse]
+
+
+def group_first_rows(groups: torch.Tensor) -> torch.Tensor:
+    """(num_groups,) index of the first row of each group, for (bs,) group ids 0..num_groups-1."""
+    rows = torch.arange(len(groups), device=groups.device)
+    first = torch.full((int(groups.max()) + 1,), len(groups), dtype=torch.long, device=groups.device)
+    return first.scatter_reduce(0, groups, rows, "amin")

@@ -47,6 +47,12 @@ def format_console_line(step: int, metrics: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def _md_cell(text: str, limit: int = 500) -> str:
+    """One markdown table cell: pipes escaped, newlines as <br>, long text cut."""
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
 class Tracking:
     """Log scalar metrics to the chosen backends.
 
@@ -103,6 +109,29 @@ class Tracking:
             self._wandb.log(clean, step=step)
         if "console" in self.backends:
             self.print_fn(format_console_line(step, clean))
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A few validation samples ({input, output, score}) as a table: appended to `val_generations.jsonl`,
+        a markdown table in TensorBoard (text tab, `val/generations`), a wandb Table when wandb is on."""
+        if not rows:
+            return
+        with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+        if self._tb is not None:
+            lines = ["| input | output | score |", "|---|---|---|"]
+            for row in rows:
+                cells = [_md_cell(row["input"]), _md_cell(row["output"]), f"{float(row['score']):.4g}"]
+                lines.append("| " + " | ".join(cells) + " |")
+            self._tb.add_text("val/generations", "\n".join(lines), step)
+            self._tb.flush()
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "input", "output", "score"])
+            for row in rows:
+                table.add_data(step, row["input"], row["output"], float(row["score"]))
+            self._wandb.log({"val/generations": table}, step=step)
 
     def finish(self) -> None:
         self._jsonl.close()

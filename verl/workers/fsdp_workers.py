@@ -10,6 +10,12 @@ Design choices:
 - The `hf` rollout engine gets its own un-sharded copy of the policy; after every actor update (and after
   loading a checkpoint) the actor's full state dict is gathered (`get_full_state_dict`, all ranks) and loaded
   into it (`rollout.update_weights`). `vllm` loads the model itself and receives the same state dict.
+- Async mode (`trainer.rollout_mode=async`): the actor group has role `actor`/`actor_ref` (no engine) and a
+  standalone `rollout` group generates; the trainer moves weights with `export_actor_weights` (rank 0's gathered
+  state dict) and `load_rollout_weights(state_dict, version)`, after which every generated token carries
+  `rollout_versions` = version (-1 on padding).
+- LoRA (`model.lora_rank` > 0, `verl.workers.lora`): peft adapters on the actor and on the rollout copy; only
+  the adapters train and are synced; the reference policy is the actor with its adapters disabled.
 - `training/rollout_probs_diff_max` / `_mean` (|exp(rollout_log_probs) - exp(old_log_probs)| over response
   tokens, reduced over all ranks) are returned by `compute_log_prob` in `meta_info["metrics"]` when the batch
   holds `rollout_log_probs`: that is where the rollout's and the actor's log-probs of the same weights meet.
@@ -22,6 +28,7 @@ Layer 7: imports layers 1-6; must not import trainer code.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -34,11 +41,14 @@ from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_name
+from verl.utils.flops_counter import compute_mfu
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.lora import adapter_state_dict, apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
+from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
 
-ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 __all__ = ["ACTOR_ROLLOUT_REF_ROLES", "ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
@@ -92,8 +102,12 @@ def _attn_implementation(model_cfg: Any, device_name: str) -> str:
 
 
 def _check_supported(model_cfg: Any) -> None:
-    if int(model_cfg.get("lora_rank", 0) or 0) > 0:
-        raise ValueError(f"model.lora_rank={model_cfg.lora_rank}: LoRA is not supported by the FSDP workers; use 0")
+    lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
+    if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
+        raise ValueError(
+            "model.share_prompt_prefix=true needs a KV cache in the update pass, which gradient checkpointing "
+            "drops; set model.enable_gradient_checkpointing=false or model.share_prompt_prefix=false"
+        )
     if model_cfg.get("override_config"):
         raise ValueError(
             f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
@@ -109,6 +123,31 @@ def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, dtype: str) -> nn.Module:
         reduce_dtype=torch.float32 if param_dtype is not None else None,
         reshard_after_forward=bool((fsdp_cfg or {}).get("reshard_after_forward", True)),
     )
+
+
+def check_old_log_prob_reuse(config: Any) -> None:
+    """`actor.recompute_old_log_prob=false` reuses the rollout's log-probs as `old_log_probs`; that is exact only
+    when the rollout computes them (`rollout.calculate_log_probs`) with the actor's own weights in the actor's
+    dtype, which the `hf` engine does (it is synced after every update). Anything else raises ValueError."""
+    if config.get("actor", {}).get("recompute_old_log_prob", True):
+        return
+    rollout, model = config.get("rollout", {}), config.get("model", {})
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError(
+            "actor.recompute_old_log_prob=false reuses rollout_log_probs as old_log_probs; "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if rollout.get("name", "hf") != "hf":
+        raise ValueError(
+            f"actor.recompute_old_log_prob=false needs log-probs of the actor's exact weights; rollout.name="
+            f"{rollout.get('name')!r} is not exact, use hf or actor.recompute_old_log_prob=true"
+        )
+    rollout_dtype = str(rollout.get("dtype") or model.get("dtype", "float32"))
+    if rollout_dtype != str(model.get("dtype", "float32")):
+        raise ValueError(
+            f"actor.recompute_old_log_prob=false needs the rollout in the actor's dtype: rollout.dtype="
+            f"{rollout_dtype!r}, model.dtype={model.get('dtype')!r}"
+        )
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -167,13 +206,15 @@ class ActorRolloutRefWorker(Worker):
         if role not in ACTOR_ROLLOUT_REF_ROLES:
             raise ValueError(f"unknown ActorRolloutRefWorker role {role!r}; allowed: {list(ACTOR_ROLLOUT_REF_ROLES)}")
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self.config = _private_config(config)
         self.device_name = get_device_name(self.config.get("device", "auto"))
         _check_supported(self.config.model)
+        self.use_lora = lora_rank(self.config.model) > 0
         if self._is_actor:
+            check_old_log_prob_reuse(self.config)
             n = _positive_int(self.config.rollout.get("n", 1), "rollout.n")
             normalize_batch_sizes(self.config.actor, n, self.world_size, "actor")
             key = "rollout.log_prob_micro_batch_size_per_gpu"
@@ -184,7 +225,9 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = None
         self.actor: DataParallelPPOActor | None = None
         self.rollout: BaseRollout | None = None
+        self.workflow: RolloutWorkflow | None = None  # rollout.workflow (null: call the engine directly)
         self.ref_policy: DataParallelPPOActor | None = None
+        self.rollout_version: int | None = None  # policy version of a standalone rollout's weights (async mode)
 
     # ------------------------------------------------------------------ building
     def _load_policy(self, dtype: str, gradient_checkpointing: bool = False) -> nn.Module:
@@ -197,11 +240,21 @@ class ActorRolloutRefWorker(Worker):
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         )
 
+    def _forward_config(self, section: Any) -> DictConfig:
+        """`section` (actor or ref config) with the model's forward-layout flags copied in."""
+        section = _private_config(section or {})
+        for key in ("use_remove_padding", "share_prompt_prefix"):
+            section[key] = bool(self.config.model.get(key, False))
+        return section
+
     def _build_actor(self) -> None:
-        model_cfg, actor_cfg = self.config.model, self.config.actor
+        model_cfg = self.config.model
+        actor_cfg = self.config.actor = self._forward_config(self.config.actor)
         dtype = str(model_cfg.get("dtype", "float32"))
         # low-precision runs keep float32 master weights; `_wrap_fsdp2` makes `dtype` the compute dtype
         module = self._load_policy("float32", bool(model_cfg.get("enable_gradient_checkpointing", False)))
+        if self.use_lora:  # only the adapters train; the optimizer holds no state for the base weights
+            module = apply_lora(module, model_cfg)
         self.actor_module = _wrap_fsdp2(module, actor_cfg.get("fsdp_config"), dtype)
         optim_cfg = actor_cfg.optim
         self.actor_optimizer = fsdp_utils.build_optimizer(self.actor_module, optim_cfg)
@@ -219,14 +272,19 @@ class ActorRolloutRefWorker(Worker):
         if name == "vllm":
             return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer)
         dtype = str(rollout_cfg.get("dtype") or self.config.model.get("dtype", "float32"))
-        module = _freeze(self._load_policy(dtype)).to(self.device_name)
-        return rollout_cls(module, rollout_cfg, self.tokenizer)
+        module = self._load_policy(dtype)
+        if self.use_lora:  # the same adapters; `_sync_rollout_weights` sends only them
+            module = apply_lora(module, self.config.model)
+        return rollout_cls(_freeze(module).to(self.device_name), rollout_cfg, self.tokenizer)
 
     def _build_ref(self) -> None:
+        if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
+            self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
+            return
         dtype = str(self.config.model.get("dtype", "float32"))
         fsdp_cfg = self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
         self.ref_module = _freeze(_wrap_fsdp2(self._load_policy(dtype), fsdp_cfg, dtype))
-        self.ref_policy = DataParallelPPOActor(self.config.get("ref", {}), self.ref_module)
+        self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.ref_module)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -242,8 +300,11 @@ class ActorRolloutRefWorker(Worker):
             self._build_actor()
         if self._is_rollout:
             self.rollout = self._build_rollout()
+            self.workflow = build_workflow(self.config.rollout, self.tokenizer)
         if self._is_ref:
             self._build_ref()
+        if self.use_lora and self.actor is not None and self.rollout is not None:
+            self._sync_rollout_weights()  # the two copies' fresh adapters differ (B = 0 in both, A random)
 
     def _require(self, part: Any, method: str, roles: str) -> None:
         if part is None:
@@ -253,7 +314,11 @@ class ActorRolloutRefWorker(Worker):
             )
 
     def _sync_rollout_weights(self) -> None:
-        """model_update: push the actor's full (gathered) weights into the rollout engine. Collective."""
+        """model_update: push the actor's full (gathered) weights into the rollout engine (with LoRA only the
+        adapters). Collective."""
+        if self.use_lora:
+            self.rollout.update_weights(adapter_state_dict(self.actor_module))
+            return
         self.rollout.update_weights(fsdp_utils.get_full_state_dict(self.actor_module, cpu_offload=True))
 
     def _temperature(self) -> float:
@@ -265,7 +330,14 @@ class ActorRolloutRefWorker(Worker):
         """One response per prompt row (the trainer repeats prompts `rollout.n` times first); see
         `verl.workers.rollout.base.build_rollout_output` for the fields. Returned on CPU."""
         self._require(self.rollout, "generate_sequences", "rollout, actor_rollout or actor_rollout_ref")
-        return self.rollout.generate_sequences(prompts).to("cpu")
+        if self.workflow is None:
+            output = self.rollout.generate_sequences(prompts).to("cpu")
+        else:  # one episode per row, batched requests (verl.workers.rollout.workflows); may add rollout_accepted
+            data = _with_meta(prompts, policy_version=self.rollout_version)
+            output = rollout_batch(self.rollout, data, self.workflow).to("cpu")
+        if self.rollout_version is not None:  # standalone rollout: every token carries its policy version
+            output.batch["rollout_versions"] = token_versions(_response_mask(output), self.rollout_version)
+        return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -303,7 +375,11 @@ class ActorRolloutRefWorker(Worker):
             use_dynamic_bsz=bool(ref_cfg.get("log_prob_use_dynamic_bsz", False)),
             max_token_len=ref_cfg.get("log_prob_max_token_len_per_gpu", 16384),
         )
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        if self.use_lora and self.ref_policy.actor_module is getattr(self, "actor_module", None):
+            with disabled_adapters(self.actor_module):
+                log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        else:
+            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -313,7 +389,13 @@ class ActorRolloutRefWorker(Worker):
         Returns no rows; meta_info["metrics"] holds the actor's metrics plus `actor/lr` (the LR used).
         """
         self._require(self.actor, "update_actor", "actor, actor_rollout or actor_rollout_ref")
+        start = time.perf_counter()
         metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))
+        seqlens = data.batch["attention_mask"].sum(-1).tolist()
+        passes = int(self.config.actor.get("ppo_epochs", 1))
+        metrics["perf/mfu/actor"] = compute_mfu(
+            self.actor_module.config, seqlens, time.perf_counter() - start, self.device_name, passes
+        )
         metrics["actor/lr"] = float(self.actor_lr_scheduler.get_last_lr()[0])
         self.actor_lr_scheduler.step()
         if self.rollout is not None:
@@ -333,6 +415,27 @@ class ActorRolloutRefWorker(Worker):
         self.checkpoint_manager.load_checkpoint(local_path)
         if self.rollout is not None:
             self._sync_rollout_weights()
+
+    # ------------------------------------------------------------------ async mode: a standalone rollout group
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_actor_weights(self) -> dict[str, torch.Tensor] | None:
+        """The actor's full (gathered, CPU) state dict on rank 0, None on the other ranks. Collective."""
+        self._require(self.actor, "export_actor_weights", "actor, actor_ref, actor_rollout or actor_rollout_ref")
+        state_dict = fsdp_utils.get_full_state_dict(self.actor_module, cpu_offload=True)
+        return state_dict if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rollout_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load the actor's weights of policy `version` (updates done) into this rollout engine; the responses
+        generated from now on carry `rollout_versions` = `version`."""
+        self._require(self.rollout, "load_rollout_weights", "rollout, actor_rollout or actor_rollout_ref")
+        self.rollout.update_weights(state_dict)
+        self.rollout_version = int(version)
+
+
+def token_versions(response_mask: torch.Tensor, version: int) -> torch.Tensor:
+    """(bs, response_len) int64: `version` on response tokens, -1 on padding."""
+    return torch.where(response_mask.bool(), torch.full_like(response_mask, version, dtype=torch.long), -1)
 
 
 # ----------------------------------------------------------------------------------------------- critic

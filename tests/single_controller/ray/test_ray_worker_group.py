@@ -21,6 +21,7 @@ from verl.single_controller.ray import (
     WorkerGroupFuture,
     create_colocated_worker_cls,
 )
+from verl.single_controller.ray.base import put_shared_arguments
 
 pytestmark = pytest.mark.ray
 
@@ -174,6 +175,22 @@ def test_one_to_all_all_to_all_dp_compute_and_rank_zero(groups, n):
     assert wg.rank_zero_only("z") == (0, "z")
     with pytest.raises(ValueError, match=f"one item per rank \\({n} items\\)"):
         wg.echo(list(range(n + 1)))
+
+
+def test_an_argument_every_rank_gets_is_put_in_the_object_store_once(groups, ray_session):
+    big = {"w": torch.arange(10)}
+    args, kwargs = put_shared_arguments([(big, 3)] * 2, [{"k": big, "s": "x"}] * 2, [0, 1])
+    ref = args[0][0]
+    assert isinstance(ref, ray_session.ObjectRef) and args[1][0] is ref and kwargs[0]["k"] is ref  # one put
+    assert args[0][1] == 3 and kwargs[1]["s"] == "x"  # scalars travel inline
+    assert torch.equal(ray_session.get(ref)["w"], big["w"])
+    distinct, _ = put_shared_arguments([({"a": 1},), ({"a": 1},)], [{}, {}], [0, 1])  # equal, not the same
+    assert not isinstance(distinct[0][0], ray_session.ObjectRef)
+    one_rank, _ = put_shared_arguments([(big,)], [{}], [0])
+    assert one_rank[0][0] is big
+    # a ONE_TO_ALL call with a tensor hands the value (not the ref) to both ranks
+    out = groups[2].add_rank(torch.ones(3))
+    assert [o.tolist() for o in out] == [[1.0] * 3, [101.0] * 3]
 
 
 @pytest.mark.parametrize("n", [1, 2])

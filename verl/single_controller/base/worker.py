@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import socket
 
+from verl.single_controller.base.decorator import Dispatch, register
+
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 NUM_THREADS_ENV = "VERL_NUM_THREADS"
 
@@ -118,3 +120,10 @@ class Worker:
     def get_env(self) -> dict[str, str | None]:
         """The distributed environment variables as this process sees them (for checks and debugging)."""
         return {key: os.environ.get(key) for key in (*ENV_KEYS, NUM_THREADS_ENV)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_system_metrics(self) -> dict[str, float]:
+        """This process's CPU %, resident memory and (with CUDA) GPU memory/utilisation; one dict per rank."""
+        from verl.utils.system_metrics import process_metrics
+
+        return process_metrics()

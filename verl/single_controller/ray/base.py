@@ -22,6 +22,7 @@ ranks are still busy; with `call_timeout_s` set, a call still unfinished after t
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -247,6 +248,42 @@ class WorkerGroupFuture:
 
 
 # ----------------------------------------------------------------------------------------------- groups
+_SCALARS = (int, float, str, bool, bytes, type(None))
+
+
+def put_shared_arguments(
+    args: list[tuple], kwargs: list[dict[str, Any]], ranks: list[int]
+) -> tuple[list[tuple], list[dict[str, Any]]]:
+    """Per-rank arguments with every non-scalar object that all called ranks receive (the same object, e.g. a
+    ONE_TO_ALL state dict or batch) put into Ray's object store once and passed as one ObjectRef, instead of
+    being serialised once per rank. Ray hands the workers the value, not the ref (top-level arguments)."""
+    if len(ranks) < 2:
+        return args, kwargs
+    first = ranks[0]
+    shared: dict[int, ray.ObjectRef] = {}
+
+    def put_once(value: Any) -> Any:
+        if id(value) not in shared:
+            shared[id(value)] = ray.put(value)
+        return shared[id(value)]
+
+    def is_shared(value: Any, get: Callable[[int], Any]) -> bool:
+        return not isinstance(value, _SCALARS) and all(get(r) is value for r in ranks)
+
+    args, kwargs = list(args), list(kwargs)
+    for i, value in enumerate(args[first]):
+        if is_shared(value, lambda r, i=i: args[r][i]):
+            ref = put_once(value)
+            for r in ranks:
+                args[r] = args[r][:i] + (ref,) + args[r][i + 1 :]
+    for key, value in list(kwargs[first].items()):
+        if is_shared(value, lambda r, key=key: kwargs[r][key]):
+            ref = put_once(value)
+            for r in ranks:
+                kwargs[r] = {**kwargs[r], key: ref}
+    return args, kwargs
+
+
 def _registered_methods(cls: type) -> dict[str, RegisterAttrs]:
     """`{name: register settings}` of the `@register`ed methods of `cls` (inherited ones included)."""
     methods = {}
@@ -264,7 +301,7 @@ class RayWorkerGroup:
 
     Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
     is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-    VERL_NUM_THREADS set: rank 0 starts first and picks MASTER_ADDR (its node IP) and a free MASTER_PORT,
+    VERL_NUM_THREADS set (on CPU also OMP_WAIT_POLICY=PASSIVE, unless the driver sets it): rank 0 starts first and picks MASTER_ADDR (its node IP) and a free MASTER_PORT,
     then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
     the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so `cuda:LOCAL_RANK`
     is its device). `bin_pack=True` keeps each node's processes on one node
@@ -332,6 +369,8 @@ class RayWorkerGroup:
                     NUM_THREADS_ENV: str(pool.num_threads_per_process()),
                     **master,
                 }
+                if not pool.use_gpu:  # idle OpenMP threads sleep instead of spinning: on a busy CPU spinning
+                    env_vars["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")  # cost 10x here
                 options = dict(cls_with_init.options)
                 runtime_env = dict(options.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
@@ -376,7 +415,8 @@ class RayWorkerGroup:
         calls = dispatch_calls(attrs.dispatch_mode, self.world_size, args, kwargs)
         rank_zero_only = runs_on_rank_zero_only(attrs)
         ranks = [0] if rank_zero_only else list(range(self.world_size))
-        refs = [getattr(self._workers[r], actor_method).remote(*calls.args[r], **calls.kwargs[r]) for r in ranks]
+        args, kwargs = put_shared_arguments(calls.args, calls.kwargs, ranks)
+        refs = [getattr(self._workers[r], actor_method).remote(*args[r], **kwargs[r]) for r in ranks]
 
         def finish(outputs: list[Any]) -> Any:
             return outputs[0] if rank_zero_only else collect_outputs(attrs.dispatch_mode, outputs, calls)

@@ -6,6 +6,7 @@ Layer 8 helper: reads a DataProto's tensors, holds no algorithm maths.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -141,30 +142,164 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def process_validation_metrics(
-    data_sources: list[str], scores: list[float], n: int, extra: dict[str, list] | None = None
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+
+
+def subset_sizes(n: int) -> list[int]:
+    """Sample counts k reported for best@k / worst@k / maj@k: 2, 4, 8, ... below n, then n itself (n > 1)."""
+    if n < 2:
+        return []
+    sizes, k = [], 2
+    while k < n:
+        sizes.append(k)
+        k *= 2
+    return sizes + [n]
+
+
+def bootstrap_best_worst(values: np.ndarray, k: int, rng: np.random.Generator, n_bootstrap: int) -> dict[str, float]:
+    """Bootstrapped best@k and worst@k of one prompt's samples `values` (n,): draw k of them with
+    replacement `n_bootstrap` times; report the mean and std over the draws of the max and of the min."""
+    draws = values[rng.integers(0, len(values), size=(n_bootstrap, k))]
+    best, worst = draws.max(axis=1), draws.min(axis=1)
+    return {
+        f"best@{k}/mean": float(best.mean()),
+        f"best@{k}/std": float(best.std()),
+        f"worst@{k}/mean": float(worst.mean()),
+        f"worst@{k}/std": float(worst.std()),
+    }
+
+
+def bootstrap_majority(
+    values: np.ndarray, votes: list[Any], k: int, rng: np.random.Generator, n_bootstrap: int
 ) -> dict[str, float]:
-    """Validation metrics: `val-core/{data_source}/reward/mean@{n}` (the mean over all samples),
-    `val-aux/{data_source}/reward/best@{n}` (mean over prompts of the best of its n samples, when
-    the samples of one prompt are consecutive), `val/reward/mean` overall, and the mean of every
-    numeric extra field per data source (`val-aux/{data_source}/{field}/mean@{n}`)."""
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for source, score in zip(data_sources, scores):
-        by_source[source].append(float(score))
+    """Bootstrapped maj@k: draw k samples with replacement, take the most frequent vote (ties go to the vote
+    drawn first), and score the draw with the value of the first drawn sample carrying that vote."""
+    codes = np.unique(np.asarray([str(v) for v in votes], dtype=object), return_inverse=True)[1].reshape(-1)
+    idx = rng.integers(0, len(values), size=(n_bootstrap, k))
+    drawn = codes[idx]  # (B, k) vote codes
+    counts = np.zeros((n_bootstrap, int(codes.max()) + 1), dtype=np.int64)
+    np.add.at(counts, (np.arange(n_bootstrap)[:, None], drawn), 1)
+    is_top = counts == counts.max(axis=1, keepdims=True)  # (B, C) the tied majority votes
+    first_top = np.argmax(np.take_along_axis(is_top, drawn, axis=1), axis=1)  # first draw holding a top vote
+    picked = values[idx[np.arange(n_bootstrap), first_top]]
+    return {f"maj@{k}/mean": float(picked.mean()), f"maj@{k}/std": float(picked.std())}
+
+
+def process_validation_metrics(
+    data_sources: list[str],
+    scores: list[float],
+    n: int,
+    extra: dict[str, list] | None = None,
+    uids: list[Any] | None = None,
+    votes: list[Any] | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 42,
+) -> dict[str, float]:
+    """Validation metrics in verl's layout, per data source and per variable (`reward` = the score, plus
+    every numeric field of `extra`), averaged over prompts (samples grouped by `uids`, else runs of `n`):
+
+    - `{var}/mean@{n}`, and when n > 1 `{var}/std@{n}` and, for k in 2, 4, ..., n, bootstrapped
+      `{var}/best@{k}/{mean,std}`, `{var}/worst@{k}/{mean,std}` and, with `votes` (e.g. the extracted answer,
+      `pred`, or the response text), `{var}/maj@{k}/{mean,std}`;
+    - names start with `val-core/{data_source}/` for the headline variable (`acc` if present, else `reward`)
+      and the metrics mean@n, best@n/mean, maj@n/mean; everything else with `val-aux/{data_source}/`;
+    - `val/reward/mean`: the mean score over all samples.
+    """
+    if uids is None:
+        uids = [i // max(n, 1) for i in range(len(scores))]
+    variables: dict[str, list[Any]] = {"reward": [float(s) for s in scores]}
+    for name, values in (extra or {}).items():
+        if len(values) == len(scores) and name not in ("reward", "pred") and any(_numeric(v) for v in values):
+            variables[name] = list(values)
+    if votes is None and extra is not None and len(extra.get("pred", [])) == len(scores):
+        votes = list(extra["pred"])
+    core_var = "acc" if "acc" in variables else "reward"
+    groups: dict[tuple[str, Any], list[int]] = defaultdict(list)
+    for i, (source, uid) in enumerate(zip(data_sources, uids)):
+        groups[(source, uid)].append(i)
+    rng = np.random.default_rng(seed)
+    per_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (source, _), rows in groups.items():
+        for var, all_values in variables.items():
+            keep = [i for i in rows if _numeric(all_values[i]) and math.isfinite(float(all_values[i]))]
+            if not keep:
+                continue
+            values = np.asarray([float(all_values[i]) for i in keep])
+            prompt_metrics = {f"mean@{n}": float(values.mean())}
+            if n > 1:
+                prompt_metrics[f"std@{n}"] = float(values.std())
+                for k in subset_sizes(n):
+                    prompt_metrics.update(bootstrap_best_worst(values, k, rng, n_bootstrap))
+                    if votes is not None:
+                        vote_keys = [votes[i] for i in keep]
+                        prompt_metrics.update(bootstrap_majority(values, vote_keys, k, rng, n_bootstrap))
+            for metric, value in prompt_metrics.items():
+                per_source[source][f"{var}/{metric}"].append(value)
     metrics: dict[str, float] = {}
-    for source, values in by_source.items():
-        arr = np.asarray(values)
-        metrics[f"val-core/{source}/reward/mean@{n}"] = float(arr.mean())
-        if n > 1 and len(arr) % n == 0:
-            metrics[f"val-aux/{source}/reward/best@{n}"] = float(arr.reshape(-1, n).max(axis=1).mean())
-    metrics["val/reward/mean"] = float(np.mean(scores)) if scores else float("nan")
-    for field, values in (extra or {}).items():
-        if len(values) != len(data_sources):
-            continue
-        grouped: dict[str, list[float]] = defaultdict(list)
-        for source, value in zip(data_sources, values):
-            if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
-                grouped[source].append(float(value))
-        for source, vals in grouped.items():
-            metrics[f"val-aux/{source}/{field}/mean@{n}"] = float(np.mean(vals))
+    core_names = {f"mean@{n}", f"best@{n}/mean", f"maj@{n}/mean"}
+    for source, named in per_source.items():
+        for name, values in named.items():
+            var, metric = name.split("/", 1)
+            section = "val-core" if var == core_var and metric in core_names else "val-aux"
+            metrics[f"{section}/{source}/{name}"] = float(np.mean(values))
+    metrics["val/reward/mean"] = float(np.mean(scores)) if len(scores) else float("nan")
+    return metrics
+
+
+def select_generations(inputs: list[str], outputs: list[str], scores: list[float], n: int, count: int) -> list[dict]:
+    """The first sample of each of the first `count` prompts (the same prompts at every validation), as rows
+    {input, output, score} for the generations table."""
+    rows = []
+    for i in range(0, min(len(outputs), count * max(n, 1)), max(n, 1)):
+        rows.append({"input": inputs[i], "output": outputs[i], "score": float(scores[i])})
+    return rows
+
+
+def compute_domain_metrics(
+    batch: DataProto, use_critic: bool = True, extra_keys: list[str] | tuple = (), domain_key: str | None = "domain"
+) -> dict[str, float]:
+    """Metrics of a step run through the RLVR step (verl/trainer/ppo/rlvr.py).
+
+    `critic/score/*` (and `critic/score/zero_std_frac`) from the verifier's scores `raw_scores` (bs,), before reward
+    processing (the processed rewards are `critic/rewards/*`); and, when the batch has a `domain_key` column, every
+    data metric of `compute_data_metrics` plus the mean of each numeric reward extra field in `extra_keys` per
+    domain, as `{domain}/critic/score/mean`, `{domain}/response_length/mean`, `{domain}/reward_extra/{key}/mean`, ...
+    """
+    metrics = _verifier_score_metrics(batch)
+    if domain_key is None or domain_key not in batch.non_tensor_batch:
+        return metrics
+    groups, _ = batch.group_by(domain_key)
+    for domain, part in groups.items():
+        sub = compute_data_metrics(part, use_critic=use_critic)
+        sub.update(_verifier_score_metrics(part))
+        for key in extra_keys:
+            values = [float(v) for v in part.non_tensor_batch.get(key, []) if _numeric(v) and math.isfinite(float(v))]
+            if values:
+                sub[f"reward_extra/{key}/mean"] = float(np.mean(values))
+        metrics.update({f"{domain}/{name}": value for name, value in sub.items()})
+    return metrics
+
+
+def _verifier_score_metrics(batch: DataProto) -> dict[str, float]:
+    if "raw_scores" not in batch.batch.keys():
+        return {}
+    scores = batch.batch["raw_scores"]
+    metrics = _stats("critic/score", scores)
+    if "uid" in batch.non_tensor_batch:
+        metrics["critic/score/zero_std_frac"] = zero_std_fraction(scores, batch.non_tensor_batch["uid"])
+    return metrics
+
+
+def compute_val_correct_metrics(tags: list[Any], scores: list[float], thresholds: list[float]) -> dict[str, float]:
+    """Validation accuracy as ROLL logs it: `val_correct/all/mean` (share of samples whose score >= their
+    threshold) and `val_correct/{tag}/mean` per tag (the value of `data.val_tag_key`, default `data_source`)."""
+    if not scores:
+        return {}
+    correct = [float(score >= threshold) for score, threshold in zip(scores, thresholds)]
+    by_tag: dict[str, list[float]] = defaultdict(list)
+    for tag, value in zip(tags, correct):
+        by_tag[str(tag)].append(value)
+    metrics = {"val_correct/all/mean": float(np.mean(correct))}
+    metrics.update({f"val_correct/{tag}/mean": float(np.mean(values)) for tag, values in by_tag.items()})
     return metrics

@@ -2,12 +2,12 @@
 
 Owns: the losses vanilla (dual-clip PPO), gspo, clip_cov, kl_cov, gpg, cispo, reinforce and topr, the table
 `BUILTIN_POLICY_LOSSES` that registers them, and their private helpers (global-batch arguments for `agg_loss`,
-truncated importance sampling, the metrics dict, clip ranges). Does not own the registry (`register_policy_loss`,
-`get_policy_loss_fn`) nor `agg_loss`: both live in core_algos, which imports this module at its end and re-exports
-the losses, so importing either module registers them. Layer 3 (DESIGN.md): imports torch,
-`verl.utils.torch_functional` and core_algos only. Every loss has verl's signature `fn(old_log_prob, log_prob,
-advantages, response_mask, loss_agg_mode, config, rollout_log_probs) -> (pg_loss scalar, metrics)`; all tensors
-are (bs, response_length).
+truncated importance sampling and AReaL's decoupled behaviour weight, the metrics dict, clip ranges). Does not own
+the registry (`register_policy_loss`, `get_policy_loss_fn`) nor `agg_loss`: both live in core_algos, which imports
+this module at its end and re-exports the losses, so importing either module registers them. Layer 3 (DESIGN.md):
+imports torch, `verl.utils.torch_functional` and core_algos only. Every loss has verl's signature
+`fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs) -> (pg_loss scalar,
+metrics)`; all tensors are (bs, response_length).
 """
 
 from __future__ import annotations
@@ -59,6 +59,32 @@ def _apply_tis(
     return pg_losses * weights
 
 
+def _apply_decoupled(
+    pg_losses: torch.Tensor, old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: Any
+) -> torch.Tensor:
+    """Decoupled PPO (Hilton et al. 2021, https://arxiv.org/abs/2110.00641; AReaL, https://arxiv.org/abs/2505.24298),
+    when `use_decoupled_loss`: the PPO ratio is taken against the proximal policy `old_log_prob` (recomputed by the
+    actor before the update) and each token's loss is weighted by w = exp(old_logp - rollout_logp), pi_prox /
+    pi_behav with pi_behav the (possibly stale) policy that sampled it. w is detached; tokens with
+    w > `behav_imp_weight_cap` (when set) get weight 0, i.e. are dropped but still counted by the aggregation, as
+    in AReaL (verl's TIS truncates w at its cap instead).
+    """
+    if not _cfg_get(config, "use_decoupled_loss", False):
+        return pg_losses
+    if rollout_log_probs is None:
+        raise ValueError(
+            "actor.use_decoupled_loss=true needs rollout_log_probs (the behaviour policy's log-probs) in the batch; "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if _cfg_get(config, "tis_imp_ratio_cap", -1) > 0:
+        raise ValueError("actor.use_decoupled_loss=true and actor.tis_imp_ratio_cap > 0: set only one of the two")
+    weights = torch.exp(old_log_prob - rollout_log_probs).detach()
+    cap = _cfg_get(config, "behav_imp_weight_cap", None)
+    if cap is not None:
+        weights = torch.where(weights <= cap, weights, torch.zeros_like(weights))
+    return pg_losses * weights
+
+
 def _aggregate(
     pg_losses: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -67,7 +93,9 @@ def _aggregate(
     loss_agg_mode: str,
     config: Any,
 ) -> torch.Tensor:
-    """The scalar loss every policy loss ends with: TIS-weight the per-token losses, then `agg_loss` them."""
+    """The scalar loss every policy loss ends with: weight the per-token losses for the behaviour policy (decoupled
+    PPO or TIS, when configured), then `agg_loss` them."""
+    pg_losses = _apply_decoupled(pg_losses, old_log_prob, rollout_log_probs, config)
     pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
 
@@ -324,9 +352,12 @@ def compute_policy_loss_topr(
     """Tapered Off-Policy REINFORCE (Le Roux et al. 2025, https://arxiv.org/abs/2503.14286; ROLL's `topr`).
 
     Tokens with A > 0: L = -w_pos * A * logp (SFT-like, no importance weight); tokens with A <= 0:
-    L = -w_neg * sg[clip(ratio, 0, 1)] * A * logp. ROLL splits by the sequence score's sign; here the sign of
-    the advantage is used (the same for outcome rewards). Config: topr_positive_weight, topr_negative_weight (1.0).
+    L = -w_neg * sg[clip(ratio, 0, 1)] * A * logp. Config: topr_positive_weight, topr_negative_weight (1.0).
     pg_clipfrac = share of negative tokens whose ratio exceeded 1.
+    The split: the paper's T+/T- are the trajectories with positive/negative (baseline-subtracted) reward; a policy
+    loss sees only advantages, so here it is the sign of A. ROLL splits by the raw sequence score (score > 0)
+    instead; the two differ only for samples whose score and advantage have opposite signs (possible with a
+    baseline, e.g. GRPO's group mean): such a sample gets the other weight and, off-policy, the other branch.
     """
     w_pos = _cfg_get(config, "topr_positive_weight", 1.0)
     w_neg = _cfg_get(config, "topr_negative_weight", 1.0)

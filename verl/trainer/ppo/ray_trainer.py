@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -27,57 +26,27 @@ from verl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
+from verl.trainer.ppo import async_rollout, core_algos, failures, rlvr
 from verl.trainer.ppo import checkpoint as ckpt
-from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
+    compute_domain_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
+    compute_val_correct_metrics,
     marked_timer,
     process_validation_metrics,
     reduce_metrics,
+    select_generations,
 )
+from verl.trainer.ppo.resource_pool import ResourcePoolManager, Role
 from verl.trainer.ppo.reward import compute_reward
+from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
+from verl.utils.dataset.samplers import RepeatSampler
+from verl.utils.seqlen_balancing import balance_batch
+from verl.utils.system_metrics import prefixed, process_metrics
 from verl.utils.tracking import Tracking
-
-
-class Role(Enum):
-    """Roles a worker process can play; fused roles share one process per rank."""
-
-    Actor = 0
-    Rollout = 1
-    ActorRollout = 2
-    Critic = 3
-    RefPolicy = 4
-    RewardModel = 5
-    ActorRolloutRef = 6
-
-
-@dataclass
-class ResourcePoolManager:
-    """Named resource pools (`{name: [processes per node, ...]}`) and which role lives in which pool."""
-
-    resource_pool_spec: dict[str, list[int]]
-    mapping: dict[Role, str]
-    use_gpu: bool = False
-    cpus_per_process: int = 1
-    resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
-
-    def create_resource_pool(self) -> None:
-        for name, process_on_nodes in self.resource_pool_spec.items():
-            self.resource_pool_dict[name] = RayResourcePool(
-                process_on_nodes=process_on_nodes,
-                use_gpu=self.use_gpu,
-                max_colocate_count=1,
-                name_prefix=name,
-                **({} if self.use_gpu else {"cpus_per_process": self.cpus_per_process}),
-            )
-
-    def get_resource_pool(self, role: Role) -> RayResourcePool:
-        return self.resource_pool_dict[self.mapping[role]]
-
-    def get_n_processes(self) -> int:
-        return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
+from verl.workers.rollout.workflows import drop_rejected_rows
 
 
 def need_reference_policy(config: DictConfig) -> bool:
@@ -89,14 +58,6 @@ def need_critic(config: DictConfig) -> bool:
     if enable is not None:
         return bool(enable)
     return config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GAE
-
-
-def epoch_order(num_rows: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
-    """Row order of one epoch: a permutation seeded by (seed, epoch), so a resumed run sees the same order."""
-    if not shuffle:
-        return list(range(num_rows))
-    generator = torch.Generator().manual_seed(int(seed) * 100003 + int(epoch))
-    return torch.randperm(num_rows, generator=generator).tolist()
 
 
 class RayPPOTrainer:
@@ -143,8 +104,13 @@ class RayPPOTrainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.nonfinite_in_a_row = 0
+        self.val_generations: list[dict] = []  # rows of the last validation's generations table
+        self.domain_sampler = rlvr.make_domain_sampler(config, train_dataset)  # data.domains: an order per domain
+        self.rlvr = rlvr.build_rlvr_step(config)  # None without domains, sample mask, filter_groups, reward processing
+        self.reward_pool = None  # data.domains' reward workers (set by build_trainer), polled for system metrics
         self.run_dir = config.trainer.default_local_dir
         self._check_config()
+        async_rollout.resolve_async_config(config)
         self.total_training_steps = self._compute_total_training_steps()
         for section in (config.actor_rollout_ref.actor.optim, config.critic.optim):
             with open_dict(section):
@@ -173,7 +139,8 @@ class RayPPOTrainer:
             raise ValueError(
                 f"data.train_batch_size={bs} must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
             )
-        n_proc = self.resource_pool_manager.get_n_processes()
+        pools = self.resource_pool_manager
+        n_proc = sum(pools.resource_pool_spec[pools.mapping[Role.ActorRollout]])  # the actor's processes
         if (mini * cfg.actor_rollout_ref.rollout.n) % n_proc != 0:
             raise ValueError(
                 f"ppo_mini_batch_size * rollout.n = {mini * cfg.actor_rollout_ref.rollout.n} samples must be divisible "
@@ -198,9 +165,10 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Create the resource pools, fuse the roles of each pool into one Ray actor per process, and
         initialise the models."""
+        self.resource_pool_manager.check_resource_available()
         self.resource_pool_manager.create_resource_pool()
         pool_to_classes: dict[RayResourcePool, dict[str, RayClassWithInitArgs]] = {}
-        role_name = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
+        role_name = async_rollout.actor_role(self.config, self.use_reference_policy)
         actor_cls = self.role_worker_mapping[Role.ActorRollout]
         pool = self.resource_pool_manager.get_resource_pool(Role.ActorRollout)
         pool_to_classes.setdefault(pool, {})[role_name] = RayClassWithInitArgs(
@@ -213,6 +181,12 @@ class RayPPOTrainer:
             pool_to_classes.setdefault(pool, {})["critic"] = RayClassWithInitArgs(
                 self.role_worker_mapping[Role.Critic], config=critic_config
             )
+        if async_rollout.is_async(self.config):  # a standalone rollout group in its own pool
+            pool = self.resource_pool_manager.get_resource_pool(Role.Rollout)
+            rollout_cls = self.role_worker_mapping.get(Role.Rollout, actor_cls)
+            pool_to_classes.setdefault(pool, {})["rollout"] = RayClassWithInitArgs(
+                rollout_cls, config=self.config.actor_rollout_ref, role="rollout"
+            )
         self.all_wgs: dict[str, Any] = {}
         for pool, class_dict in pool_to_classes.items():
             fused_cls = create_colocated_worker_cls(class_dict=class_dict)
@@ -224,20 +198,47 @@ class RayPPOTrainer:
             self.critic_wg.init_model()
         self.actor_rollout_wg.init_model()
         self.n_workers = self.actor_rollout_wg.world_size
+        self.rollout_wg = self.all_wgs.get("rollout", self.actor_rollout_wg)  # where every generation runs
+        self.async_rollout = None
+        if self.rollout_wg is not self.actor_rollout_wg:
+            self.rollout_wg.init_model()
+            staleness = (self.config.get("async_training") or {}).get("max_staleness", 1)
+            self.async_rollout = async_rollout.AsyncRollout(self, staleness, self.total_training_steps)
 
     # ---------------------------------------------------------------- data
     def _batch_from_rows(self, rows: list[int], dataset) -> DataProto:
         return DataProto.from_single_dict(self.collate_fn([dataset[i] for i in rows]))
 
     def _train_batches(self):
-        """Yield (epoch, batch index, DataProto) from the resume position on."""
+        """Yield (epoch, batch index, DataProto) from the resume position on; the order is a `RepeatSampler`'s
+        (seeded by data.seed and the epoch, an incomplete last batch dropped)."""
         bs = self.config.data.train_batch_size
-        n_batches = len(self.train_dataset) // bs
-        for epoch in range(self.epoch, self.config.trainer.total_epochs + 10**6):
-            order = epoch_order(len(self.train_dataset), epoch, self.config.data.seed, self.config.data.shuffle)
-            start = self.batch_in_epoch if epoch == self.epoch else 0
-            for b in range(start, n_batches):
-                yield epoch, b, self._batch_from_rows(order[b * bs : (b + 1) * bs], self.train_dataset)
+        if self.domain_sampler is not None:  # data.domains: each batch takes every domain's quota from its own order
+            yield from self._domain_batches(len(self.train_dataset) // bs)
+            return
+        sampler = RepeatSampler(len(self.train_dataset), batch_size=bs, shuffle=self.config.data.shuffle,
+                                seed=self.config.data.seed)  # fmt: skip
+        sampler.load_state_dict({"epoch": self.epoch, "position": self.batch_in_epoch * bs})
+        while True:
+            epoch, first = sampler.epoch, sampler.position // bs
+            rows = list(sampler)  # the rest of this epoch
+            for b in range(len(rows) // bs):
+                self._data_position = (epoch, first + b + 1)  # where a resume continues once this batch is used
+                yield epoch, first + b, self._batch_from_rows(rows[b * bs : (b + 1) * bs], self.train_dataset)
+
+    def _domain_batches(self, batches_per_epoch: int):
+        while True:
+            epoch, b = divmod(self.domain_sampler.batches, batches_per_epoch)
+            rows = self.train_dataset.global_rows(self.domain_sampler.draw())
+            self._data_position = divmod(self.domain_sampler.batches, batches_per_epoch)
+            yield epoch, b, self._batch_from_rows(rows, self.train_dataset)
+
+    def _draw_prompts(self, counts: dict[str, int]) -> DataProto:
+        """More prompts for dynamic sampling: `counts` rows of each named domain, or the next batch."""
+        if self.domain_sampler is None:
+            return next(self._batch_iter)[2]
+        rows = self.train_dataset.global_rows(self.domain_sampler.draw(counts))
+        return self._batch_from_rows(rows, self.train_dataset)
 
     def _generate(self, batch: DataProto, validate: bool, seed: int, do_sample: bool | None = None) -> DataProto:
         """Generate one response per row (validation settings when `validate`; `do_sample=False`
@@ -251,13 +252,16 @@ class RayPPOTrainer:
         gen_input.meta_info.update(
             {"eos_token_id": eos, "pad_token_id": pad, "validate": validate, "seed": int(seed), "do_sample": do_sample}
         )
-        output = self.actor_rollout_wg.generate_sequences(gen_input)
+        output = self.rollout_wg.generate_sequences(gen_input)
         batch.pop(batch_keys=["input_ids", "attention_mask", "position_ids"])
         output.meta_info.pop("metrics", None)
         return batch.union(output)
 
     # ---------------------------------------------------------------- validation
     def _validate(self) -> dict[str, float]:
+        """Generate `val_kwargs.n` answers per validation prompt, score them, and return verl's validation
+        metrics (see `process_validation_metrics`); the first few generations are kept in
+        `self.val_generations` for the table `Tracking.log_generations` writes."""
         if self.val_dataset is None or self.val_reward_fn is None:
             return {}
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
@@ -265,7 +269,8 @@ class RayPPOTrainer:
         if self.config.data.get("val_max_samples"):
             rows = rows[: int(self.config.data.val_max_samples)]
         bs = self.config.data.val_batch_size or len(rows)
-        sources, scores, extras = [], [], {}
+        sources, scores, uids, inputs, outputs, extras = [], [], [], [], [], {}
+        tag_key, tags, thresholds = self.config.data.get("val_tag_key") or "data_source", [], []
         for start in range(0, len(rows), bs):
             batch = self._batch_from_rows(rows[start : start + bs], self.val_dataset)
             batch = batch.repeat(n, interleave=True)
@@ -273,27 +278,43 @@ class RayPPOTrainer:
             reward_tensor, extra = compute_reward(batch, self.val_reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
+            uids.extend(start + i // n for i in range(len(batch)))
+            tags.extend(batch.non_tensor_batch.get(tag_key, np.array(["unknown"] * len(batch))).tolist())
+            thresholds.extend(rlvr.val_thresholds(self.config, batch))
+            inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
+            outputs.extend(_decode_responses(self.tokenizer, batch))
             for key, values in (extra or {}).items():
                 extras.setdefault(key, []).extend(list(values))
-            self._last_val_batch = batch
-        return process_validation_metrics(sources, scores, n, extras)
+        # majority votes: the reward's extracted answer (`pred`) when it gives one, else the response text
+        votes = extras.get("pred") if len(extras.get("pred", [])) == len(scores) else [o.strip() for o in outputs]
+        count = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        self.val_generations = select_generations(inputs, outputs, scores, n, count)
+        metrics = process_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
+        metrics.update(compute_val_correct_metrics(tags, scores, thresholds))  # val_correct/{all,<tag>}/mean
+        return metrics
 
     # ---------------------------------------------------------------- checkpoints
     def _save_checkpoint(self) -> str:
         root = self.run_dir
         staging = ckpt.begin_checkpoint(root, self.global_steps)
         save_hf = "hf_model" in list(self.config.actor_rollout_ref.actor.checkpoint.get("save_contents", []))
-        self.actor_rollout_wg.save_checkpoint(
-            os.path.join(staging, "actor"), global_step=self.global_steps, save_hf=save_hf
-        )
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(staging, "critic"), global_step=self.global_steps)
+        try:
+            self.actor_rollout_wg.save_checkpoint(
+                os.path.join(staging, "actor"), global_step=self.global_steps, save_hf=save_hf
+            )
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(staging, "critic"), global_step=self.global_steps)
+        except NonFiniteWeightsError as err:  # NaN/inf weights are never saved; the last checkpoint stays latest
+            shutil.rmtree(staging, ignore_errors=True)
+            raise failures.refuse_nonfinite_checkpoint(err, ckpt.find_latest_checkpoint(root)) from None
         state = {
             "global_steps": self.global_steps,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
             "kl_coef": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
+            "domain_sampler": None if self.domain_sampler is None else self.domain_sampler.state_dict(),
+            "rlvr": None if self.rlvr is None else self.rlvr.state_dict(),  # running reward moments per domain
         }
         torch.save(state, os.path.join(staging, "trainer_state.pt"))
         keep = self.config.trainer.max_actor_ckpt_to_keep
@@ -324,6 +345,10 @@ class RayPPOTrainer:
         self.nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
         if self.kl_ctrl_in_reward is not None and state.get("kl_coef") is not None:
             self.kl_ctrl_in_reward.value = state["kl_coef"]
+        if self.domain_sampler is not None and state.get("domain_sampler") is not None:
+            self.domain_sampler.load_state_dict(state["domain_sampler"])
+        if self.rlvr is not None and state.get("rlvr") is not None:
+            self.rlvr.load_state_dict(state["rlvr"])
         return path
 
     # ---------------------------------------------------------------- one step
@@ -337,40 +362,70 @@ class RayPPOTrainer:
         n = cfg.actor_rollout_ref.rollout.n
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch.meta_info["global_steps"] = self.global_steps
-        if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX:
-            with marked_timer("gen_max", timing):
-                greedy = self._generate(batch.select(deepcopy=True), validate=False, seed=0, do_sample=False)
-                baseline, _ = compute_reward(greedy, self.reward_fn)
-                baseline = baseline.sum(-1)
-        batch = batch.repeat(n, interleave=True)
+        prompts, batch = batch, batch.repeat(n, interleave=True)
         with marked_timer("gen", timing):
             batch = self._generate(batch, validate=False, seed=cfg.actor_rollout_ref.rollout.seed + self.global_steps)
-        if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX:
-            batch.batch["reward_baselines"] = baseline.repeat_interleave(n)
+        batch, rejected = drop_rejected_rows(batch, n)  # samples a rollout workflow rejected (see its rule)
+        metrics.update(rejected)
+        remax = cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
+        if remax and "reward_baselines" not in batch.batch.keys():  # (the remax workflow gives its own)
+            with marked_timer("gen_max", timing):  # the greedy response's reward is the baseline (per uid)
+                greedy = self._generate(prompts, validate=False, seed=0, do_sample=False)
+                scores = compute_reward(greedy, self.reward_fn)[0].sum(-1).tolist()
+            baseline = dict(zip(greedy.non_tensor_batch["uid"], scores))
+            batch.batch["reward_baselines"] = torch.tensor([baseline[u] for u in batch.non_tensor_batch["uid"]])
         if "response_mask" not in batch.batch.keys():
             resp_len = batch.batch["responses"].shape[-1]
             batch.batch["response_mask"] = batch.batch["attention_mask"][:, -resp_len:]
-        with marked_timer("reward", timing):
-            reward_tensor, reward_extra = compute_reward(batch, self.reward_fn)
-            batch.batch["token_level_scores"] = reward_tensor
-            for key, values in (reward_extra or {}).items():
-                if len(values) == len(batch):
-                    batch.non_tensor_batch[key] = np.array(values, dtype=object)
-                    metrics.update(_mean_metric(f"reward_extra/{key}", values))
+        if "token_level_scores" not in batch.batch.keys():  # a rollout workflow may score its own episodes
+            with marked_timer("reward", timing):
+                reward_tensor, reward_extra = compute_reward(batch, self.reward_fn)
+                batch.batch["token_level_scores"] = reward_tensor
+                for key, values in (reward_extra or {}).items():
+                    if len(values) == len(batch):
+                        batch.non_tensor_batch[key] = np.array(values, dtype=object)
+                        metrics.update(_mean_metric(f"reward_extra/{key}", values))
         return batch
+
+    def _rollout_score_and_filter(self, batch: DataProto, timing: dict[str, float], metrics: dict) -> DataProto:
+        """`_rollout_and_score`, then (when `self.rlvr` is set) the sample mask, dynamic sampling (calling it again
+        on new prompts) and per-domain reward processing of verl/trainer/ppo/rlvr.py."""
+        if self.rlvr is None:
+            return self._rollout_and_score(batch, timing, metrics)
+        rollout = lambda prompts: self._rollout_and_score(prompts, timing, metrics)  # noqa: E731
+        return self.rlvr.run(batch, rollout, self._draw_prompts, metrics)
+
+    def _system_metrics(self) -> dict[str, float]:
+        """`system/{worker}/{cpu_percent,rss_gb,...}` of the driver, each actor/rollout rank and the reward workers."""
+        metrics = prefixed("driver", process_metrics())
+        for rank, values in enumerate(self.actor_rollout_wg.get_system_metrics()):
+            metrics.update(prefixed(f"actor_rollout_rank{rank}", values))
+        if self.reward_pool is not None:
+            metrics.update(self.reward_pool.system_metrics())
+        return metrics
 
     def _train_step(self, batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
         cfg = self.config
         metrics: dict[str, float] = {}
         n = cfg.actor_rollout_ref.rollout.n
-        batch = self._rollout_and_score(batch, timing, metrics)
+        if self.async_rollout is not None:  # generated earlier on the rollout group; starts a later step's batch
+            batch = self.async_rollout.begin_step(batch, self.global_steps, timing, metrics)
+        else:
+            batch = self._rollout_score_and_filter(batch, timing, metrics)
+        if cfg.trainer.get("balance_batch", False):  # equal token counts per rank (verl's balance_batch)
+            batch = balance_batch(batch, self.actor_rollout_wg.world_size)
         with marked_timer("old_log_prob", timing):
-            old = self.actor_rollout_wg.compute_log_prob(batch)
-            metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
-            if "entropys" in old.batch.keys():
-                ent = old.batch.pop("entropys")
-                metrics["actor/entropy"] = core_algos.agg_loss(ent, batch.batch["response_mask"], "token-mean").item()
-            batch = batch.union(old)
+            if not cfg.actor_rollout_ref.actor.get("recompute_old_log_prob", True) and self.async_rollout is None:
+                # the hf rollout sampled with the actor's own weights and dtype (the worker checks it), so its
+                # log-probs are the old policy's: no forward pass (actor/entropy then comes from the update)
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            else:
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
+                if "entropys" in old.batch.keys():
+                    ent = old.batch.pop("entropys")
+                    metrics["actor/entropy"] = core_algos.agg_loss(ent, batch.batch["response_mask"], "token-mean").item()
+                batch = batch.union(old)
         if self.use_reference_policy:
             with marked_timer("ref", timing):
                 batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
@@ -400,22 +455,60 @@ class RayPPOTrainer:
             with marked_timer("update_actor", timing):
                 out = self.actor_rollout_wg.update_actor(batch)
                 metrics.update(reduce_metrics(out.meta_info["metrics"]))
+        if self.async_rollout is not None:  # waits for the background generation, then sends the new weights
+            self.async_rollout.end_step(self.global_steps, timing)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        if self.rlvr is not None:  # verifier scores as critic/score/*, every data metric per domain
+            metrics.update(compute_domain_metrics(batch, self.use_critic, self.rlvr.extra_keys, self.rlvr.domain_key))
         self._last_batch = batch
         return metrics
 
     def _check_nonfinite(self, metrics: dict[str, float]) -> None:
-        skipped = metrics.get("actor/nonfinite_steps", 0.0) + metrics.get("critic/nonfinite_steps", 0.0)
-        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if skipped > 0 else 0
         limit = self.config.trainer.get("max_nonfinite_steps", 5)
-        if limit and self.nonfinite_in_a_row >= limit:
-            raise RuntimeError(
-                f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or grad norm "
-                f"(trainer.max_nonfinite_steps={limit}); stopping. The last complete checkpoint is kept in "
-                f"{self.run_dir}. Lower the learning rate or check the rewards for NaN/inf."
-            )
+        self.nonfinite_in_a_row = failures.count_nonfinite_steps(self.nonfinite_in_a_row, metrics, limit, self.run_dir)
 
     # ---------------------------------------------------------------- the loop
+    def _train_loop(self, logger: Tracking, bar: tqdm, summary: dict[str, Any]) -> dict[str, float]:
+        """Steps from the resume point to `total_training_steps`, validating, saving and logging at their
+        intervals; returns the last validation metrics."""
+        cfg = self.config
+        last_val: dict[str, float] = {}
+        save_freq, test_freq = cfg.trainer.save_freq, cfg.trainer.test_freq
+        if self.global_steps < self.total_training_steps:
+            self._batch_iter = self._train_batches()  # dynamic sampling draws more prompts from the same iterator
+            batches = self._batch_iter if self.async_rollout is None else self.async_rollout.lookahead(self._batch_iter)
+            for epoch, _, batch in batches:
+                self.global_steps += 1
+                timing: dict[str, float] = {}
+                with marked_timer("step", timing):
+                    metrics = self._train_step(batch, timing)
+                self.epoch, self.batch_in_epoch = self._data_position
+                self._check_nonfinite(metrics)
+                is_last = self.global_steps >= self.total_training_steps
+                if self.val_reward_fn is not None and (
+                    (test_freq > 0 and self.global_steps % test_freq == 0) or is_last
+                ):
+                    with marked_timer("testing", timing):
+                        last_val = self._validate()
+                    metrics.update(last_val)
+                    logger.log_generations(self.val_generations, step=self.global_steps)
+                if (
+                    save_freq is not None
+                    and save_freq >= 0
+                    and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last)
+                ):
+                    with marked_timer("save_checkpoint", timing):
+                        summary["last_checkpoint"] = self._save_checkpoint()
+                metrics.update(compute_timing_metrics(self._last_batch, timing))
+                metrics.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
+                metrics.update(self._system_metrics())
+                metrics["training/epoch"] = epoch
+                logger.log(metrics, step=self.global_steps)
+                bar.update(1)
+                if is_last:
+                    break
+        return last_val
+
     def fit(self) -> dict[str, Any]:
         """Train for `total_training_steps` steps; return a summary dict (also printed)."""
         cfg = self.config
@@ -430,46 +523,19 @@ class RayPPOTrainer:
             print_fn=tqdm.write,
         )
         start_time = time.time()
-        resumed_from = self._load_checkpoint()
-        bar.update(self.global_steps)
-        summary: dict[str, Any] = {"resumed_from": resumed_from, "log_dir": log_dir, "run_dir": self.run_dir}
-        if self.val_reward_fn is not None and cfg.trainer.val_before_train and self.global_steps == 0:
-            val = self._validate()
-            summary["val_before"] = val.get("val/reward/mean")
-            logger.log(val, step=0)
-        last_val: dict[str, float] = {}
-        save_freq, test_freq = cfg.trainer.save_freq, cfg.trainer.test_freq
-        if self.global_steps < self.total_training_steps:
-            for epoch, b, batch in self._train_batches():
-                self.global_steps += 1
-                timing: dict[str, float] = {}
-                with marked_timer("step", timing):
-                    metrics = self._train_step(batch, timing)
-                self.epoch, self.batch_in_epoch = epoch, b + 1
-                self._check_nonfinite(metrics)
-                is_last = self.global_steps >= self.total_training_steps
-                if self.val_reward_fn is not None and (
-                    (test_freq > 0 and self.global_steps % test_freq == 0) or is_last
-                ):
-                    with marked_timer("testing", timing):
-                        last_val = self._validate()
-                    metrics.update(last_val)
-                if (
-                    save_freq is not None
-                    and save_freq >= 0
-                    and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last)
-                ):
-                    with marked_timer("save_checkpoint", timing):
-                        summary["last_checkpoint"] = self._save_checkpoint()
-                metrics.update(compute_timing_metrics(self._last_batch, timing))
-                metrics.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
-                metrics["training/epoch"] = epoch
-                logger.log(metrics, step=self.global_steps)
-                bar.update(1)
-                if is_last:
-                    break
-        bar.close()
-        logger.finish()
+        try:
+            resumed_from = self._load_checkpoint()
+            bar.update(self.global_steps)
+            summary: dict[str, Any] = {"resumed_from": resumed_from, "log_dir": log_dir, "run_dir": self.run_dir}
+            if self.val_reward_fn is not None and cfg.trainer.val_before_train and self.global_steps == 0:
+                val = self._validate()
+                summary["val_before"] = val.get("val/reward/mean")
+                logger.log(val, step=0)
+                logger.log_generations(self.val_generations, step=0)
+            last_val = self._train_loop(logger, bar, summary)
+        finally:  # an exception or Ctrl-C still closes the bar and flushes the logs
+            bar.close()
+            logger.finish()
         summary.update(
             {
                 "steps": self.global_steps,
@@ -485,6 +551,15 @@ class RayPPOTrainer:
             summary["plot"] = f"not drawn: {e}"
         print_summary(summary)
         return summary
+
+
+def _decode_responses(tokenizer, batch: DataProto) -> list[str]:
+    """Each response's text up to its mask (eos and padding dropped)."""
+    lengths = batch.batch["response_mask"].sum(-1).tolist()
+    return [
+        tokenizer.decode(ids[: int(length)], skip_special_tokens=True)
+        for ids, length in zip(batch.batch["responses"], lengths)
+    ]
 
 
 def _mean_metric(key: str, values) -> dict[str, float]:

@@ -4,7 +4,8 @@
 Owns `CustomRewardFunction`, `get_custom_reward_fn(config)`, `load_reward_manager(config, tokenizer,
 num_examine, **reward_kwargs)` and `compute_reward(data, reward_fn)`. Config keys (verl's):
 `custom_reward_function.path` / `.name` / `.reward_kwargs`, `reward_model.reward_manager` (default
-"naive"), `reward_model.on_error` ("raise" | "zero"), `reward_model.reward_kwargs` (manager keyword
+"naive"), `reward_model.on_error` ("raise" | "zero"), `reward_model.timeout_s` (seconds per score call),
+`reward_model.reward_kwargs` (manager keyword
 arguments, e.g. DAPO's `overlong_buffer_cfg`, or rlla flags such as `withlength: true` that are passed on
 to every score call), `data.reward_fn_key`. Must not import Ray or worker code.
 """
@@ -106,12 +107,14 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
     """Build `reward_model.reward_manager` (default "naive") with the custom or default score function.
 
     Manager keyword arguments: `reward_model.reward_kwargs`, then `reward_kwargs` given here (these win),
-    and `on_error` from `reward_model.on_error` (default "raise").
+    `on_error` from `reward_model.on_error` (default "raise") and `timeout_s` from `reward_model.timeout_s`.
     """
     reward_model = _section(config, "reward_model")
     manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
     kwargs = {**dict(reward_model.get("reward_kwargs") or {}), **reward_kwargs}
     kwargs.setdefault("on_error", reward_model.get("on_error", "raise"))
+    if reward_model.get("timeout_s") is not None:  # wall-time limit of one score call (prime: of one sample)
+        kwargs.setdefault("timeout_s", reward_model.get("timeout_s"))
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

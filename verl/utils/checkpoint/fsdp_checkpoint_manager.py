@@ -10,7 +10,9 @@ Layout of one checkpoint directory (W = world size, r = rank; every rank writes 
 
 State dicts come from torch.distributed.checkpoint.state_dict (sharded options); DTensors are stored as their
 local shards and rebuilt on load from the live model's placements, so a checkpoint loads back only with the
-same world size. Every file is written under a temporary name and then os.replace'd. No Ray code (layer 1).
+same world size. Every file is written under a temporary name and then os.replace'd. Weights holding NaN/inf
+are never written: `save_checkpoint` checks every rank's shards first and, if any is non-finite, every rank
+raises `NonFiniteWeightsError` before writing anything. No Ray code (layer 1).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.utils.fsdp_utils import get_full_state_dict
 
-__all__ = ["FSDPCheckpointManager"]
+__all__ = ["FSDPCheckpointManager", "NonFiniteWeightsError"]
 
 _SHARDED = StateDictOptions(full_state_dict=False)
 
@@ -46,6 +48,28 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+class NonFiniteWeightsError(ValueError):
+    """The model holds NaN/inf weights; such a state is never saved as a checkpoint."""
+
+
+def _first_nonfinite(state: dict[str, Any]) -> str | None:
+    """Name of the first floating-point tensor of `state` holding a NaN or inf, else None."""
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on at least one (a collective when a process group exists)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _barrier() -> None:
@@ -141,11 +165,20 @@ class FSDPCheckpointManager:
         """Write this rank's model/optimizer/extra-state files into `local_path` (created if needed).
 
         With `save_hf`, all ranks gather the full weights and rank 0 writes `local_path/huggingface` in HF format.
+        Raises NonFiniteWeightsError on every rank, before anything is written, when any rank's weights hold NaN/inf.
         """
         rank, world_size = _rank_and_world()
+        model_state = _to_local(get_model_state_dict(self.model, options=_SHARDED))
+        bad = _first_nonfinite(model_state)
+        if _any_rank(bad is not None):
+            where = f"rank {rank} tensor {bad!r}" if bad else "another rank's shards"
+            raise NonFiniteWeightsError(
+                f"refusing to save step {global_step} to {local_path!r}: the model weights hold NaN/inf ({where}); "
+                "nothing was written"
+            )
         os.makedirs(local_path, exist_ok=True)
         paths = self._paths(local_path, rank, world_size)
-        _atomic_save(_to_local(get_model_state_dict(self.model, options=_SHARDED)), paths["model"])
+        _atomic_save(model_state, paths["model"])
         if self.optimizer is not None:
             optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=_SHARDED)
             _atomic_save(_to_local(optim_state), paths["optim"])

@@ -111,6 +111,8 @@ class RLHFDataset(Dataset):
         self._read_files()
         if self.filter_overlong_prompts:
             self._filter_overlong()
+        elif self.truncation == "error":
+            self._reject_overlong()
 
     # ------------------------------------------------------------------------------------------ loading
     def _read_files(self) -> None:
@@ -154,9 +156,22 @@ class RLHFDataset(Dataset):
     def _render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def _filter_overlong(self) -> None:
+    def _prompt_lengths(self) -> list[int]:
         texts = [self._render(row[self.prompt_key]) for row in self.rows]
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _reject_overlong(self) -> None:
+        """truncation=error without filtering: fail at load time (not mid-run), naming the first long prompt."""
+        for (path, row_number, _), n in zip(self.origins, self._prompt_lengths()):
+            if n > self.max_prompt_length:
+                raise ValueError(
+                    f"parquet file {path!r} row {row_number}: the prompt has {n} tokens, more than "
+                    f"data.max_prompt_length={self.max_prompt_length} with data.truncation=error; raise "
+                    "max_prompt_length, set data.filter_overlong_prompts=true, or truncation=left|right|middle"
+                )
+
+    def _filter_overlong(self) -> None:
+        lengths = self._prompt_lengths()
         keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
         dropped = len(self.rows) - len(keep)
         if dropped:

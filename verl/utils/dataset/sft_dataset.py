@@ -114,6 +114,12 @@ class SFTDataset(Dataset):
         self.multiturn = multiturn
         if multiturn:
             self.rows += [(path, i, v, None) for i, v in enumerate(df[columns[0]].tolist())]
+            for i, value in enumerate(df[columns[0]].tolist()):  # fail at load time, not mid-run
+                messages = _as_messages(value, f"{path} row {i} column '{self.messages_key}'")
+                if not any(m["role"] == "assistant" for m in messages):
+                    raise ValueError(
+                        f"{path} row {i}: the conversation has no assistant message, so nothing would be trained"
+                    )
         else:
             pairs = zip(df[columns[0]].tolist(), df[columns[1]].tolist())
             self.rows += [(path, i, p, r) for i, (p, r) in enumerate(pairs)]

@@ -1,32 +1,39 @@
 """Rule-based reward functions picked by `data_source`: `default_compute_score` and the per-task modules.
 
 Owns the routing table from a row's `data_source` to a scoring function (gsm8k, math, rlla, code
-sandbox, LLM judge). Layer 3: pure functions of strings; must not import tensors, Ray or workers.
+sandbox, LLM judge, ifeval instruction following). Layer 3: pure functions of strings; must not import
+tensors, Ray or workers.
 
 Return values: a float, or a dict with at least "score" (rlla returns
-{"score", "format", "correctness", "length"}); reward managers put "score" at the last response token
-and collect every dict key into `reward_extra_info`.
+{"score", "format", "correctness", "length"}, ifeval {"score", "acc", "instruction_acc"}); reward managers
+put "score" at the last response token and collect every dict key into `reward_extra_info`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verl.utils.reward_score import gsm8k, llm_judge, math_reward, rlla, sandbox
+from verl.utils.reward_score import gsm8k, ifeval, llm_judge, math_reward, rlla, sandbox
 
-__all__ = ["KNOWN_DATA_SOURCES", "default_compute_score"]
+__all__ = ["KNOWN_DATA_SOURCES", "default_compute_score", "has_default_scorer"]
 
 GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
 RLLA_SOURCES = ("rlla", "toolrl")
 CODE_SOURCES = ("code", "codecontests", "apps", "taco", "codeforces", "sandbox")
 JUDGE_SOURCES = ("llm_judge",)
-KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES + RLLA_SOURCES + CODE_SOURCES + JUDGE_SOURCES
+IFEVAL_SOURCES = ("ifeval",)
+KNOWN_DATA_SOURCES = GSM8K_SOURCES + MATH_SOURCES + RLLA_SOURCES + CODE_SOURCES + JUDGE_SOURCES + IFEVAL_SOURCES
 
 
 def _is_rlla(data_source: str) -> bool:
     """ "rlla", "toolrl", or a name starting with "rlla" (e.g. "rlla_toolace")."""
     return data_source in RLLA_SOURCES or data_source.startswith("rlla")
+
+
+def has_default_scorer(data_source: Any) -> bool:
+    """Whether `default_compute_score` has a rule for `data_source` (checked before a run starts)."""
+    return isinstance(data_source, str) and (data_source in KNOWN_DATA_SOURCES or _is_rlla(data_source))
 
 
 def default_compute_score(
@@ -45,7 +52,7 @@ def default_compute_score(
         extra_info: the row's `extra_info` (used by the code sandbox and the judge).
         **kwargs: passed on to the task's scorer. `step` (the training step, given by reward managers)
             goes to rlla only; every other keyword must be one the scorer accepts (e.g. gsm8k
-            `method`, rlla flags `withlength=True`, sandbox `timeout_s`, judge `config`).
+            `method`, rlla flags `withlength=True`, sandbox `timeout_s`, judge `config`, ifeval `strict`).
     """
     step = kwargs.pop("step", 0)
     if data_source in GSM8K_SOURCES:
@@ -59,6 +66,8 @@ def default_compute_score(
         return sandbox.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     if data_source in JUDGE_SOURCES:
         return llm_judge.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
+    if data_source in IFEVAL_SOURCES:
+        return ifeval.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     raise ValueError(
         f"no reward function for data_source={data_source!r}; known data sources: {list(KNOWN_DATA_SOURCES)} "
         "(and any name starting with 'rlla'). To score another data set, write a function "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from typing import Any
 
@@ -37,6 +36,7 @@ __all__ = [
     "format_reward",
     "length_reward",
     "match_score",
+    "matches_format",
     "parse_ground_truth_calls",
     "parse_predicted_calls",
     "resolve_flags",
@@ -59,12 +59,21 @@ SCHEDULE_STEPS = 150  # SCHEDULEREWARD interpolates the ranges over this many st
 QWEN_ASSISTANT, QWEN_END = "<|im_start|>assistant", "<|im_end|>"
 LLAMA_ASSISTANT, LLAMA_END = "<|start_header_id|>assistant<|end_header_id|>", "<|eot_id|>"
 
-# Format patterns by ground-truth category (has <response>, has <tool_call>), used with re.search + DOTALL.
+# ToolRL's format patterns by ground-truth category (has <response>, has <tool_call>), for re.search + DOTALL.
+# `format_reward` evaluates them through `_FORMAT_PIECES` in linear time (the regex is quadratic on tag soups).
 _FORMAT_PATTERNS = {
     (True, False): r"^<think>.*?</think>\n<response>.*?</response>$",
     (False, True): r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>$",
     (True, True): r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>\n<response>.*?</response>$",
     (False, False): r"^<think>.*?</think>$",
+}
+# The same patterns as literal pieces (head, middles, tail): the text starts with head, holds the middles in
+# order after it, and ends with tail (or tail + one "\n", as `$` allows); any text fills the gaps (`.*?`).
+_FORMAT_PIECES = {
+    (True, False): ("<think>", ("</think>\n<response>",), "</response>"),
+    (False, True): ("<think>", ("</think>\n<tool_call>\n",), "\n</tool_call>"),
+    (True, True): ("<think>", ("</think>\n<tool_call>\n", "\n</tool_call>\n<response>"), "</response>"),
+    (False, False): ("<think>", (), "</think>"),
 }
 # Tags that must each occur exactly once in the prediction, by category.
 _SINGLE_TAGS = {
@@ -115,11 +124,30 @@ def format_reward(prediction: str, ground_truth: str, step: int, flags: dict[str
         max_r = max(2 - (2 - max_r) * step / SCHEDULE_STEPS, 1.0)
         min_r = min(-2 + (2 + min_r) * step / SCHEDULE_STEPS, -1.0)
     category = _category(ground_truth)
-    if not re.search(_FORMAT_PATTERNS[category], prediction, re.DOTALL):
+    if not matches_format(prediction, category):
         return min_r
     if any(prediction.count(tag) != 1 for tag in _SINGLE_TAGS[category]):
         return min_r
     return max_r
+
+
+def matches_format(prediction: str, category: tuple[bool, bool]) -> bool:
+    """`re.search(_FORMAT_PATTERNS[category], prediction, re.DOTALL)` as a bool, in linear time.
+
+    Taking the earliest occurrence of each middle piece leaves the most room for the rest, so one left-to-right
+    scan decides whether the lazy `.*?` gaps can be filled.
+    """
+    head, middles, tail = _FORMAT_PIECES[category]
+    if not prediction.startswith(head):
+        return False
+    position = len(head)
+    for piece in middles:
+        found = prediction.find(piece, position)
+        if found < 0:
+            return False
+        position = found + len(piece)
+    ends = [len(prediction)] + ([len(prediction) - 1] if prediction.endswith("\n") else [])
+    return any(prediction.endswith(tail, 0, end) and end - len(tail) >= position for end in ends)
 
 
 def _call_block_lines(text: str) -> list[str]:
@@ -165,7 +193,7 @@ def parse_predicted_calls(prediction: str) -> list[dict[str, Any]] | None:
     for line in _call_block_lines(prediction):
         try:
             call = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: brackets nested ~1000 deep
             return None
         if not _is_valid_predicted_call(call):
             return None

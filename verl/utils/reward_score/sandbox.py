@@ -22,11 +22,17 @@ What is guaranteed (see sandbox_runner.py for the in-process side):
 - Without namespaces: the supervisor is a child subreaper and kills the test's session and every
   descendant found in /proc; network is refused by the audit hook only.
 - An audit hook in the test's interpreter refuses sockets, ctypes, signals, process creation (unless
-  `allow_processes=True`) and writes outside the temp dir. It is best effort: as root the program runs
+  `allow_processes=True`), writes outside the temp dir, and reads outside the temp dir and the
+  interpreter's library folders (so no other process's /proc entries: the expected outputs, kept only in
+  the supervisor's memory, cannot be read). It is best effort: as root the program runs
   with root's file permissions (the interpreter lives under a 0700 /root, so dropping to another uid is
   not possible here); a program that defeats the hook could write where root can.
 - `allow_processes=True` as root: RLIMIT_NPROC does not bind root, so a fork bomb is bounded only by the
   time limit (then killed with its namespace). Keep processes refused (the default) for untrusted code.
+- stdin/stdout tests are compared outside the program, so they cannot be faked. Assert tests run inside
+  the program's own interpreter and trust it: a hostile program can fake them (an object whose `__eq__`
+  is always True, or printing the completion nonce it finds in its own memory). Prefer stdin/stdout tests
+  for untrusted code.
 - The caller is never signalled by the program, reads at most `max_output_bytes` of any output, and
   returns within about `len(tests) * (timeout_s + 1) + 10` seconds whatever the program does.
 """

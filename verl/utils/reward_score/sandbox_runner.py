@@ -17,8 +17,11 @@ verl, torch or site customisation. Two roles:
 The audit hook (best effort, in the child's own interpreter) refuses: socket creation, ctypes symbol
 lookups and raw memory access (importing ctypes stays possible: numpy does), sending
 signals, process creation (fork/exec/spawn/system/subprocess, unless the spec allows processes),
-symlinks/hard links, and writes (open for writing, remove, rename, mkdir, rmdir, chmod, chown, truncate,
-utime, mknod) to paths outside the test's temp dir. A determined program can defeat an in-process hook;
+symlinks/hard links, writes (open for writing, remove, rename, mkdir, rmdir, chmod, chown, truncate,
+utime, mknod) to paths outside the test's temp dir, and reads of files outside the temp dir, the
+interpreter's own library folders (`sys.prefix`, `sys.path`, ...) and a few harmless system files (`READABLE_FILES`):
+in particular no other process's /proc entries, so a program cannot read the supervisor's memory (where the
+expected outputs are) or the host's files. A determined program can defeat an in-process hook;
 the kernel-side limits (namespaces, rlimits, process-tree kill) are what the caller relies on.
 """
 
@@ -38,6 +41,29 @@ STDERR_TAIL_CHARS = 600
 # Modules whose functions create processes or call C without an audit event; never loaded in a child
 # before its hook (the supervisor imports subprocess and ctypes only inside its own functions).
 UNSAFE_MODULES = ("subprocess", "_posixsubprocess", "ctypes", "_ctypes")
+# Files outside the temp dir and the interpreter's folders that a program may read.
+READABLE_FILES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+    "/etc/localtime",
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/net/dev",
+    "/proc/self/net/dev",
+    "/proc/self/stat",
+    "/proc/self/statm",
+    "/proc/self/status",
+)
+READABLE_DIRS = ("/usr/share/zoneinfo",)
+
+
+def _readable_roots() -> tuple[str, ...]:
+    """The interpreter's own folders (stdlib, site-packages): imports read from them."""
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path, *READABLE_DIRS]
+    roots = {os.path.realpath(p) for p in candidates if isinstance(p, str) and p and os.path.isdir(p)}
+    return tuple(sorted(root for root in roots if root != "/"))
 
 
 # ----------------------------------------------------------------------------- child side
@@ -76,11 +102,12 @@ def _install_audit_hook(work_dir: str, block_processes: bool) -> None:
     # `_posixsubprocess.fork_exec` raises no audit event of its own: refuse the module when processes are
     blocked_imports = frozenset({"_posixsubprocess"} if block_processes else set())
 
-    def inside(path, _cwd=os.getcwd, _root=work_dir, _isinstance=isinstance, _str=str, _bytes=bytes) -> bool:
+    def normalise(path, _cwd=os.getcwd, _isinstance=isinstance, _str=str, _bytes=bytes):
+        """The absolute, `..`-free form of `path` (None for anything but a str/bytes path)."""
         if _isinstance(path, _bytes):
             path = path.decode("utf-8", "surrogateescape")
         if not _isinstance(path, _str):
-            return False
+            return None
         if not path.startswith("/"):
             path = _cwd() + "/" + path
         parts: list = []
@@ -90,13 +117,30 @@ def _install_audit_hook(work_dir: str, block_processes: bool) -> None:
                     parts.pop()
             elif part and part != ".":
                 parts.append(part)
-        normalised = "/" + "/".join(parts)
+        return "/" + "/".join(parts)
+
+    def inside(path, _normalise=normalise, _root=work_dir) -> bool:
+        normalised = _normalise(path)
+        if normalised is None:
+            return False
         return normalised == _root or normalised.startswith(_root + "/") or normalised == "/dev/null"
+
+    def readable(
+        path, _normalise=normalise, _inside=inside, _roots=_readable_roots(), _files=frozenset(READABLE_FILES)
+    ) -> bool:
+        if _inside(path):
+            return True
+        normalised = _normalise(path)
+        if normalised is None:
+            return False
+        return normalised in _files or any(normalised == r or normalised.startswith(r + "/") for r in _roots)
 
     def hook(
         event,
         args,
         _inside=inside,
+        _readable=readable,
+        _helpers=(inside, readable, normalise),
         _always=always_blocked,
         _process=process_events if block_processes else frozenset(),
         _paths=path_events,
@@ -114,7 +158,7 @@ def _install_audit_hook(work_dir: str, block_processes: bool) -> None:
             raise _error(f"sandbox: {event} is not allowed")
         if event == "import" and args[0] in _imports:
             raise _error(f"sandbox: importing {args[0]} is not allowed")
-        if event == "object.__setattr__" and args[0] is hook:
+        if event == "object.__setattr__" and (args[0] is hook or any(args[0] is f for f in _helpers)):
             raise _error("sandbox: the audit hook cannot be changed")
         if event == "open":
             path, mode, flags = args
@@ -128,6 +172,8 @@ def _install_audit_hook(work_dir: str, block_processes: bool) -> None:
                     raise _error("sandbox: os.open for writing needs an absolute path inside the temp dir")
             if writes and not _inside(path):
                 raise _error(f"sandbox: writing {path!r} outside the temp dir is not allowed")
+            if not writes and not _readable(path):
+                raise _error(f"sandbox: reading {path!r} outside the temp dir is not allowed")
         elif event in _paths:
             dir_fd = None if event == "os.truncate" else args[-1]
             if not _inside(args[0]) or dir_fd not in (None, -1):
@@ -152,6 +198,7 @@ def child_main(argv: list[str]) -> None:
     if mode == "assert":
         with open(argv[7], encoding="utf-8") as handle:
             asserts = handle.read()
+        os.remove(argv[7])  # the solution cannot read the tests it is checked with
         nonce = sys.stdin.readline().strip()
         sys.stdin = open(os.devnull, encoding="utf-8")  # the nonce line is all an assert test reads
     sys.dont_write_bytecode = True

@@ -21,7 +21,9 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
+from verl.utils.seqlen_balancing import rearrange_micro_batches
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.actor.model_forward import prompt_group_order, prompt_groups, response_outputs, scatter_to_responses
 
 try:  # written by another engineer; fall back to torch's own clipping when it is not there
     from verl.utils.fsdp_utils import clip_grad_norm_ as _fsdp_clip_grad_norm
@@ -34,6 +36,7 @@ __all__ = [
     "clip_grad_and_step",
     "data_parallel_size",
     "global_batch_counts",
+    "micro_batch_plan",
     "module_device",
     "positive_int",
     "shuffled",
@@ -65,30 +68,81 @@ def module_device(module: nn.Module) -> torch.device:
 def global_batch_counts(response_mask: torch.Tensor, device: torch.device) -> tuple[int, int]:
     """(samples, response tokens) of a mini-batch summed over all data-parallel ranks.
 
-    `response_mask`: (bs, response_len) of this rank. Every rank must call this for each mini-batch.
+    `response_mask`: (bs, response_len) of this rank. Every rank must call this for each mini-batch. The token
+    count is at least 1: a mini-batch whose samples are all masked out (the RLVR sample mask) gives a zero loss,
+    not 0/0.
     """
     counts = torch.tensor([response_mask.shape[0], int(response_mask.sum().item())], dtype=torch.float64, device=device)
     if data_parallel_size() > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return int(counts[0].item()), int(counts[1].item())
+    return int(counts[0].item()), max(int(counts[1].item()), 1)
+
+
+def micro_batch_plan(
+    data: DataProto,
+    micro_batch_size: int | None,
+    use_dynamic_bsz: bool,
+    max_token_len: int | None,
+    group_prompts: bool = False,
+) -> tuple[list[DataProto], torch.Tensor | None]:
+    """Split `data` into micro-batches; return them and the row order they were cut from (None: unchanged).
+
+    Fixed size: consecutive `micro_batch_size` rows. With `use_dynamic_bsz`: micro-batches of at most
+    `max_token_len` real tokens (attention-mask ones; a longer sample gets one of its own), packed first-fit
+    decreasing (`rearrange_micro_batches`); every data-parallel rank gets the largest count of any rank
+    (a collective then: all ranks must call it together). With `group_prompts` rows of the same prompt are put next to each
+    other first (and kept together by the token budget) so that `share_prompt_prefix` can run each prompt once.
+    `torch.cat` of the micro-batches' rows equals `data[order]`.
+    """
+    order = None
+    groups = None
+    if group_prompts and "responses" in data.batch.keys():
+        response_length = data.batch["responses"].shape[-1]
+        groups = prompt_groups(data.batch["input_ids"], data.batch["attention_mask"], response_length)
+    if use_dynamic_bsz:
+        if max_token_len is None or int(max_token_len) <= 0:
+            raise ValueError(f"use_dynamic_bsz needs a positive max token length per GPU, got {max_token_len!r}")
+        lengths = data.batch["attention_mask"].sum(-1).tolist()
+        units = None
+        if groups is not None:
+            units = [torch.nonzero(groups == g).flatten().tolist() for g in range(int(groups.max()) + 1)]
+        index_lists = rearrange_micro_batches(lengths, int(max_token_len), units)
+        count = _max_over_ranks(len(index_lists))  # every rank runs as many forwards (FSDP collectives pair up)
+        if count > len(index_lists):
+            index_lists = rearrange_micro_batches(lengths, int(max_token_len), units, min_num_micro_batches=count)
+        order = torch.tensor([i for idx in index_lists for i in idx], dtype=torch.long)
+        return [data[torch.tensor(idx, dtype=torch.long)] for idx in index_lists], order
+    if micro_batch_size is None or int(micro_batch_size) <= 0:
+        raise ValueError(f"micro batch size must be a positive int, got {micro_batch_size!r}")
+    if groups is not None:
+        response_length = data.batch["responses"].shape[-1]
+        order = prompt_group_order(data.batch["input_ids"], data.batch["attention_mask"], response_length)
+        if torch.equal(order, torch.arange(len(order))):
+            order = None
+        else:
+            data = data[order]
+    return data.split(int(micro_batch_size)), order
+
+
+def _max_over_ranks(value: int) -> int:
+    """The largest `value` over the data-parallel ranks (a collective when torch.distributed runs)."""
+    if data_parallel_size() == 1:
+        return value
+    backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.long, device=backend_device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 def split_micro_batches(
-    data: DataProto, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None
+    data: DataProto,
+    micro_batch_size: int | None,
+    use_dynamic_bsz: bool,
+    max_token_len: int | None,
+    group_prompts: bool = False,
 ) -> list[DataProto]:
-    """Split `data` into consecutive micro-batches (order kept).
-
-    With `use_dynamic_bsz` the micro-batch holds as many samples as fit in `max_token_len` padded tokens
-    (at least one); inputs are not unpadded, so a sample costs its full padded length.
-    """
-    if use_dynamic_bsz:
-        if max_token_len is None or max_token_len <= 0:
-            raise ValueError(f"use_dynamic_bsz needs a positive max token length, got {max_token_len!r}")
-        seq_len = data.batch["input_ids"].shape[-1]
-        micro_batch_size = max(1, int(max_token_len) // seq_len)
-    if micro_batch_size is None or int(micro_batch_size) <= 0:
-        raise ValueError(f"micro batch size must be a positive int, got {micro_batch_size!r}")
-    return data.split(int(micro_batch_size))
+    """The micro-batches of `micro_batch_plan` (for the update, where their order does not matter)."""
+    return micro_batch_plan(data, micro_batch_size, use_dynamic_bsz, max_token_len, group_prompts)[0]
 
 
 def clip_grad_and_step(module: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:
@@ -135,6 +189,15 @@ def require_temperature(meta_info: dict) -> float:
     return temperature
 
 
+def _restore_order(values: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """Undo a row permutation: `values` row i belongs to input row `order[i]`."""
+    if order is None:
+        return values
+    restored = torch.empty_like(values)
+    restored[order.to(values.device)] = values
+    return restored
+
+
 # ---------------------------------------------------------------------------------------------- the actor
 class DataParallelPPOActor:
     """PPO actor of one data-parallel rank.
@@ -158,38 +221,48 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
-        self, micro_batch: Any, temperature: float, calculate_entropy: bool
+        self, micro_batch: Any, temperature: float, calculate_entropy: bool, entropy_grad: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (bs, response_len) of the responses and optionally their entropies (bs, response_len).
 
-        The token at response position t is predicted by the logits at position -response_len-1+t.
+        The token at response position t is predicted by the logits at position -response_len-1+t. The layout
+        of the forward (padded, packed, shared prompt) follows `use_remove_padding` / `share_prompt_prefix`
+        (see `model_forward`); all give the same values. Positions a packed forward skips (after a response's
+        end, masked everywhere) get 0. With `entropy_grad=False` the entropy is computed without autograd.
         """
-        response_length = micro_batch["responses"].shape[-1]
-        output = self.actor_module(
-            input_ids=micro_batch["input_ids"],
-            attention_mask=micro_batch["attention_mask"],
-            position_ids=micro_batch["position_ids"],
-            use_cache=False,
+        responses = micro_batch["responses"]
+        logits, where = response_outputs(
+            self.actor_module,
+            micro_batch,
+            responses.shape[-1],
+            is_lm=True,
+            use_remove_padding=bool(self.config.get("use_remove_padding", False)),
+            share_prompt_prefix=bool(self.config.get("share_prompt_prefix", False)),
         )
-        logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
-        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        logits = logits.float() / temperature
+        log_probs = scatter_to_responses(logprobs_from_logits(logits, responses[where]), where)
+        entropy = None
+        if calculate_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = scatter_to_responses(entropy_from_logits(logits), where)
         return log_probs, entropy
 
     def compute_log_prob(
         self, data: DataProto, calculate_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (bs, response_len) of `data.batch["responses"]`, and entropies or None.
+        """Log-probs (bs, response_len) of `data.batch["responses"]`, and entropies or None, in `data`'s row order.
 
         `data.batch`: `input_ids`, `attention_mask`, `position_ids`, `responses`. `data.meta_info`:
-        `temperature`, `micro_batch_size` (samples per forward), optional `use_dynamic_bsz` with `max_token_len`.
+        `temperature`, `micro_batch_size` (samples per forward), optional `use_dynamic_bsz` with `max_token_len`
+        (real tokens per forward).
         """
         temperature = require_temperature(data.meta_info)
-        micro_batches = split_micro_batches(
+        micro_batches, order = micro_batch_plan(
             data.select(batch_keys=["responses", "input_ids", "attention_mask", "position_ids"]),
             data.meta_info.get("micro_batch_size"),
             bool(data.meta_info.get("use_dynamic_bsz", False)),
             data.meta_info.get("max_token_len"),
+            group_prompts=bool(self.config.get("share_prompt_prefix", False)),
         )
         device = module_device(self.actor_module)
         self.actor_module.eval()
@@ -202,7 +275,9 @@ class DataParallelPPOActor:
                 log_probs.append(log_prob)
                 if calculate_entropy:
                     entropys.append(entropy)
-        return torch.cat(log_probs, dim=0), (torch.cat(entropys, dim=0) if calculate_entropy else None)
+        log_prob = _restore_order(torch.cat(log_probs, dim=0), order)
+        entropy = _restore_order(torch.cat(entropys, dim=0), order) if calculate_entropy else None
+        return log_prob, entropy
 
     # ------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float] | float]:
@@ -241,8 +316,9 @@ class DataParallelPPOActor:
         data = data.select(batch_keys=keys)
 
         generator = None
-        if config.get("shuffle", False):
-            generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 1)))
+        if config.get("shuffle", False):  # a new order each step (meta_info global_steps), the same after a resume
+            step = int(data.meta_info.get("global_steps", 0))
+            generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 1)) + 1_000_003 * step)
 
         self.actor_module.train()
         metrics: dict[str, list[float] | float] = {}
@@ -284,7 +360,11 @@ class DataParallelPPOActor:
             config.get("ppo_micro_batch_size_per_gpu"),
             bool(config.get("use_dynamic_bsz", False)),
             config.get("ppo_max_token_len_per_gpu"),
+            group_prompts=bool(config.get("share_prompt_prefix", False)),
         )
+        # the entropy metric comes from the old-log-prob pass; without that pass (`recompute_old_log_prob`
+        # false) it is measured here, without gradient when it is not part of the loss
+        entropy_metric = entropy_coeff != 0 or not bool(config.get("recompute_old_log_prob", True))
 
         self.actor_optimizer.zero_grad()
         micro_metrics: dict[str, list] = {}
@@ -292,7 +372,9 @@ class DataParallelPPOActor:
         for micro_batch in micro_batches:
             batch = micro_batch.batch.to(device)
             response_mask = batch["response_mask"]
-            log_prob, entropy = self._forward_micro_batch(batch, temperature, calculate_entropy=entropy_coeff != 0)
+            log_prob, entropy = self._forward_micro_batch(
+                batch, temperature, calculate_entropy=entropy_metric, entropy_grad=entropy_coeff != 0
+            )
             pg_loss, pg_metrics = policy_loss_fn(
                 old_log_prob=batch["old_log_probs"],
                 log_prob=log_prob,
@@ -304,9 +386,10 @@ class DataParallelPPOActor:
             )
             loss = pg_loss
             pg_loss_sum += pg_loss.item()
-            if entropy_coeff != 0:
+            if entropy_metric:
                 entropy_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode, **global_batch_info)
-                loss = loss - entropy_coeff * entropy_loss
+                if entropy_coeff != 0:
+                    loss = loss - entropy_coeff * entropy_loss
                 entropy_sum += entropy_loss.item()
             if use_kl_loss:
                 kld = core_algos.kl_penalty(log_prob, batch["ref_log_prob"], kl_loss_type)
@@ -318,7 +401,7 @@ class DataParallelPPOActor:
 
         grad_norm, _ = clip_grad_and_step(self.actor_module, self.actor_optimizer, float(config.get("grad_clip", 1.0)))
         mini_metrics = {"actor/pg_loss": pg_loss_sum, "actor/grad_norm": grad_norm}
-        if entropy_coeff != 0:
+        if entropy_metric:
             mini_metrics["actor/entropy"] = entropy_sum
         if use_kl_loss:
             mini_metrics["actor/kl_loss"] = kl_loss_sum

@@ -22,11 +22,13 @@ from verl.workers.actor.dp_actor import (
     clip_grad_and_step,
     data_parallel_size,
     global_batch_counts,
+    micro_batch_plan,
     module_device,
     positive_int,
     shuffled,
     split_micro_batches,
 )
+from verl.workers.actor.model_forward import response_outputs, scatter_to_responses
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -58,18 +60,22 @@ class DataParallelPPOCritic:
 
     def _forward_micro_batch(self, micro_batch: Any) -> torch.Tensor:
         """Value predictions (bs, response_len): the value of response token t is read at the position that
-        predicts it (-response_len-1+t), as in verl."""
+        predicts it (-response_len-1+t), as in verl. The forward's layout follows `model.use_remove_padding` /
+        `model.share_prompt_prefix` (see `verl.workers.actor.model_forward`); positions a packed forward skips
+        (after a response's end) get 0."""
         response_length = micro_batch["responses"].shape[-1]
-        output = self.critic_module(
-            input_ids=micro_batch["input_ids"],
-            attention_mask=micro_batch["attention_mask"],
-            position_ids=micro_batch["position_ids"],
-            use_cache=False,
+        model_cfg = self.config.get("model", None) or {}
+        values, where = response_outputs(
+            self.critic_module,
+            micro_batch,
+            response_length,
+            is_lm=False,
+            use_remove_padding=bool(model_cfg.get("use_remove_padding", False)),
+            share_prompt_prefix=bool(model_cfg.get("share_prompt_prefix", False)),
         )
-        logits = output.logits
-        if logits.dim() != 3 or logits.shape[-1] != 1:
-            raise ValueError(f"critic output .logits must have shape (bs, seq_len, 1), got {tuple(logits.shape)}")
-        return logits[:, -response_length - 1 : -1, 0].float()
+        if values.dim() != 2 or values.shape[-1] != 1:
+            raise ValueError(f"critic output .logits must have shape (bs, seq_len, 1), got last dim {values.shape[-1]}")
+        return scatter_to_responses(values[:, 0].float(), where)
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values (bs, response_len) of the responses, zero outside the response mask.
@@ -79,11 +85,12 @@ class DataParallelPPOCritic:
         `use_dynamic_bsz` with `max_token_len`.
         """
         micro_batch_size = data.meta_info.get("micro_batch_size", self.config.get("forward_micro_batch_size_per_gpu"))
-        micro_batches = split_micro_batches(
+        micro_batches, order = micro_batch_plan(
             data,
             micro_batch_size,
             bool(data.meta_info.get("use_dynamic_bsz", False)),
             data.meta_info.get("max_token_len"),
+            group_prompts=self._share_prompt_prefix(),
         )
         device = module_device(self.critic_module)
         self.critic_module.eval()
@@ -92,7 +99,15 @@ class DataParallelPPOCritic:
             for micro_batch in micro_batches:
                 batch = micro_batch.batch.to(device)
                 values.append(self._forward_micro_batch(batch) * response_mask_of(batch))
-        return torch.cat(values, dim=0)
+        values = torch.cat(values, dim=0)
+        if order is None:
+            return values
+        restored = torch.empty_like(values)
+        restored[order.to(values.device)] = values
+        return restored
+
+    def _share_prompt_prefix(self) -> bool:
+        return bool((self.config.get("model", None) or {}).get("share_prompt_prefix", False))
 
     def update_critic(self, data: DataProto) -> dict[str, list[float] | float]:
         """Run `ppo_epochs` passes of mini-batch value updates with verl's clipped value loss.
@@ -115,8 +130,9 @@ class DataParallelPPOCritic:
             raise KeyError(f"update_critic needs batch keys {missing}; present: {sorted(data.batch.keys())}")
         data = data.select(batch_keys=keys)
         generator = None
-        if config.get("shuffle", False):
-            generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 1)))
+        if config.get("shuffle", False):  # a new order each step (meta_info global_steps), the same after a resume
+            step = int(data.meta_info.get("global_steps", 0))
+            generator = torch.Generator().manual_seed(int(config.get("data_loader_seed", 1)) + 1_000_003 * step)
 
         self.critic_module.train()
         metrics: dict[str, list[float] | float] = {}
@@ -146,6 +162,7 @@ class DataParallelPPOCritic:
             config.get("ppo_micro_batch_size_per_gpu"),
             bool(config.get("use_dynamic_bsz", False)),
             config.get("ppo_max_token_len_per_gpu"),
+            group_prompts=self._share_prompt_prefix(),
         )
         self.critic_optimizer.zero_grad()
         metrics: dict[str, list] = {}

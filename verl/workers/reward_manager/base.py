@@ -6,8 +6,13 @@ samples are scored, `score_samples`, or how scores become rewards, `final_reward
 `ScoreFailure`, `RewardFunctionError` and `normalize_result`. Layer 4: imports torch, `verl.protocol`
 and `verl.utils.reward_score`, never models or Ray.
 
-Failures (an exception, a timeout, or a result that is not a finite number / a dict with "score" / rlla's
-4-tuple): with `on_error="raise"` (default) a RewardFunctionError names the row, the data_source, the
+A score call can be given a wall-time limit (`timeout_s`, the trainer's `reward_model.timeout_s`): a call
+still running after that many seconds is interrupted with a TimeoutError (SIGALRM, so in the main thread only, and only
+between Python bytecodes: a scorer stuck inside one C call is interrupted when that call returns; the
+"prime" manager, one killable process per sample, also stops those).
+
+Failures (an exception, a timeout, or a result that is not a finite float32 number / a dict with "score" /
+rlla's 4-tuple): with `on_error="raise"` (default) a RewardFunctionError names the row, the data_source, the
 dataset index when the batch has one, and the bad value; with `on_error="zero"` the sample scores 0.0,
 and `reward_extra_info["reward_errors"]` holds 1 for it (0 for the others) so that the trainer logs the
 error rate as `reward_extra/reward_errors/mean`.
@@ -18,6 +23,9 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,9 +35,17 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.reward_score import default_compute_score
 
-__all__ = ["RewardFunctionError", "RewardManagerBase", "RewardSample", "ScoreFailure", "normalize_result"]
+__all__ = [
+    "RewardFunctionError",
+    "RewardManagerBase",
+    "RewardSample",
+    "ScoreFailure",
+    "call_with_timeout",
+    "normalize_result",
+]
 
 ON_ERROR_CHOICES = ("raise", "zero")
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # scores become a float32 tensor: larger ones turn into inf
 RLLA_TUPLE_KEYS = ("score", "format", "correctness", "length")
 
 
@@ -94,7 +110,39 @@ def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
     score = float(score)
     if not math.isfinite(score):
         raise ValueError(f"returned a non-finite score {score}")
+    if abs(score) > FLOAT32_MAX:
+        raise ValueError(f"returned score {score} outside the float32 range (|score| <= {FLOAT32_MAX:.4g})")
     return score, extra
+
+
+def call_with_timeout(timeout_s: float | None, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """`fn(*args, **kwargs)`, interrupted by a TimeoutError after `timeout_s` seconds (None: no limit).
+
+    Uses SIGALRM (main thread only); an alarm already set by the caller is restored afterwards.
+    """
+    kwargs = kwargs or {}
+    if timeout_s is None:
+        return fn(*args, **kwargs)
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "reward_model.timeout_s needs the reward manager to run in the main thread (it uses SIGALRM); "
+            "use reward_model.reward_manager=prime for per-sample processes with a timeout"
+        )
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"scoring took longer than {timeout_s} s (reward_model.timeout_s)")
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    start = time.monotonic()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:  # give the caller's alarm back, minus the time spent here
+            left = max(previous_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, previous_interval)
 
 
 def accepts_keyword(fn: Callable, name: str) -> bool:
@@ -124,6 +172,7 @@ class RewardManagerBase:
             `default_compute_score`.
         reward_fn_key: the non-tensor column naming each row's data source.
         on_error: "raise" or "zero" (see the module docstring).
+        timeout_s: wall-time limit of one score call in seconds (None: no limit; see the module docstring).
         **score_kwargs: extra keyword arguments for every `compute_score` call (e.g. rlla flags).
     """
 
@@ -134,10 +183,14 @@ class RewardManagerBase:
         compute_score: Callable | None = None,
         reward_fn_key: str = "data_source",
         on_error: str = "raise",
+        timeout_s: float | None = None,
         **score_kwargs: Any,
     ) -> None:
         if on_error not in ON_ERROR_CHOICES:
             raise ValueError(f"on_error={on_error!r}; allowed: {ON_ERROR_CHOICES}")
+        if timeout_s is not None and not (isinstance(timeout_s, numbers.Real) and timeout_s > 0):
+            raise ValueError(f"reward_model.timeout_s={timeout_s!r}; allowed: null (no limit) or seconds > 0")
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.compute_score = compute_score or default_compute_score
@@ -201,7 +254,7 @@ class RewardManagerBase:
         outcomes: list[Any] = []
         for sample in samples:
             try:
-                outcomes.append(self.score_one(sample, kwargs))
+                outcomes.append(call_with_timeout(self.timeout_s, self.score_one, (sample, kwargs)))
             except Exception as err:  # reported per sample below, by on_error
                 if self.on_error == "raise":
                     raise self._error(sample, f"{type(err).__name__}: {err}") from err

@@ -3,7 +3,8 @@
 Owns `BatchRewardManager`, registered as "batch", and `default_batch_compute_score` (the per-sample
 default scorer applied to lists). The score function is called once as
 `compute_score(data_sources=[...], solution_strs=[...], ground_truths=[...], extra_infos=[...], **kwargs)`
-and must return one result per sample (a number, a dict with "score", or rlla's tuple).
+and must return one result per sample (a number, a dict with "score", or rlla's tuple); `timeout_s`
+limits that one call.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from verl.utils.reward_score import default_compute_score
-from verl.workers.reward_manager.base import RewardFunctionError, RewardManagerBase, RewardSample, ScoreFailure
+from verl.workers.reward_manager.base import (
+    RewardFunctionError,
+    RewardManagerBase,
+    RewardSample,
+    ScoreFailure,
+    call_with_timeout,
+)
 from verl.workers.reward_manager.registry import register_reward_manager
 
 __all__ = ["BatchRewardManager", "default_batch_compute_score"]
@@ -40,13 +47,13 @@ class BatchRewardManager(RewardManagerBase):
         where = f"a batch of {len(samples)} samples (data sources {sorted({str(s.data_source) for s in samples})})"
         name = getattr(self.compute_score, "__name__", type(self.compute_score).__name__)
         try:
-            results = self.compute_score(
-                data_sources=[s.data_source for s in samples],
-                solution_strs=[s.response_str for s in samples],
-                ground_truths=[s.ground_truth for s in samples],
-                extra_infos=[s.extra_info for s in samples],
-                **kwargs,
-            )
+            lists = {
+                "data_sources": [s.data_source for s in samples],
+                "solution_strs": [s.response_str for s in samples],
+                "ground_truths": [s.ground_truth for s in samples],
+                "extra_infos": [s.extra_info for s in samples],
+            }
+            results = call_with_timeout(self.timeout_s, self.compute_score, kwargs={**kwargs, **lists})
         except Exception as err:  # one failure covers the whole batch
             message = f"{type(err).__name__}: {err}"
             if self.on_error == "raise":

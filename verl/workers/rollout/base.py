@@ -32,6 +32,13 @@ class BaseRollout(ABC):
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the actor's full (un-sharded) state dict, called after every actor update."""
 
+    async def agenerate(self, req: Any) -> Any:
+        """One `ModelResponse` for a `ModelRequest`; concurrent calls share batched generate calls
+        (verl.workers.rollout.async_engine)."""
+        from verl.workers.rollout.async_engine import get_async_engine
+
+        return await get_async_engine(self).agenerate(req)
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -51,17 +58,19 @@ class SamplingSettings:
 def resolve_sampling(config: Any, meta_info: dict) -> SamplingSettings:
     """Pick the sampling knobs: `rollout.val_kwargs` when `meta_info["validate"]`, else `rollout.*`.
 
-    `meta_info["do_sample"]` overrides the config's `do_sample`; a temperature of 0 means greedy.
+    `meta_info["do_sample"]`, `["temperature"]`, `["top_p"]`, `["top_k"]` override the config's for one call
+    (what batched `agenerate` requests use); a temperature of 0 means greedy.
     """
     source = config.get("val_kwargs", None) if meta_info.get("validate", False) else config
     if source is None:
         raise ValueError("meta_info['validate'] is true but the rollout config has no val_kwargs section")
     do_sample = bool(meta_info.get("do_sample", source.get("do_sample", True)))
-    temperature = float(source.get("temperature", 1.0))
+    # meta_info may override the sampling knobs of one call (what `agenerate` requests use)
+    temperature = float(meta_info.get("temperature", source.get("temperature", 1.0)))
     if temperature < 0:
         raise ValueError(f"rollout temperature must be >= 0 (0 = greedy), got {temperature}")
-    top_k = int(source.get("top_k", -1))
-    top_p = float(source.get("top_p", 1.0))
+    top_k = int(meta_info.get("top_k", source.get("top_k", -1)))
+    top_p = float(meta_info.get("top_p", source.get("top_p", 1.0)))
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"rollout top_p must be in (0, 1], got {top_p}")
     if top_k == 0 or top_k < -1:

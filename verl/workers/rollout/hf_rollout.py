@@ -1,4 +1,4 @@
-"""The `hf` rollout engine: HF `generate` on an un-sharded copy of the policy (CPU and GPU, the default).
+"""The `hf` rollout engine: sampling with a HF model on an un-sharded copy of the policy (CPU and GPU, the default).
 
 Owns `HFRollout`. Weight sync (`model_update`): the engine holds its own plain (not FSDP-wrapped) copy of the
 policy; after every actor update the worker gathers the actor's full state dict and calls `update_weights`,
@@ -6,6 +6,12 @@ which copies it in place. A separate copy (rather than generating with the FSDP2
 generation free of collectives, so ranks may stop at different lengths and micro-batch counts, and its
 log-probs equal the actor's on the same weights up to KV-cache rounding (~1e-6). The cost is one extra copy of
 the weights per rank.
+
+Generation is a plain KV-cache sampling loop (HF's own logits warpers for temperature, top-k, top-p, in HF's
+order) rather than `model.generate`, for two savings `generate` does not make: each distinct prompt of a
+micro-batch is prefilled once and its cache copied to the rows that share it (the `rollout.n` samples of a
+prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. Micro-batches
+are length-sorted and cut their common left padding. Greedy decoding gives what `generate` gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
@@ -16,15 +22,22 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
+from transformers import Cache, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from verl.protocol import DataProto
+from verl.utils.torch_functional import group_first_rows, prompt_groups
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
     build_rollout_output,
     generation_seed,
-    pad_responses,
     resolve_sampling,
     resolve_token_ids,
 )
@@ -58,6 +71,7 @@ class HFRollout(BaseRollout):
         """Copy the actor's full state dict into the engine's module in place (tied weights stay tied).
 
         Every parameter must be in `state_dict` under its own name or a name it is tied to; unknown keys raise.
+        A LoRA engine (a peft module) needs only its adapter (`lora_`) weights: its base weights never change.
         """
         own = dict(self.module.named_parameters(remove_duplicate=False))
         own.update(dict(self.module.named_buffers(remove_duplicate=False)))
@@ -69,7 +83,12 @@ class HFRollout(BaseRollout):
             target = own[name]
             target.copy_(value.to(device=target.device, dtype=target.dtype))
             loaded_ids.add(id(target))
-        missing = [n for n, p in self.module.named_parameters(remove_duplicate=False) if id(p) not in loaded_ids]
+        lora = hasattr(self.module, "peft_config")
+        missing = [
+            n
+            for n, p in self.module.named_parameters(remove_duplicate=False)
+            if id(p) not in loaded_ids and (not lora or "lora_" in n)
+        ]
         if missing:
             raise KeyError(f"state dict misses rollout model parameters: {missing[:5]} ({len(missing)} in all)")
 
@@ -79,8 +98,9 @@ class HFRollout(BaseRollout):
         """Generate one response per row.
 
         prompts.batch: `input_ids`, `attention_mask`, `position_ids` (bs, prompt_len), left-padded.
-        prompts.meta_info: `eos_token_id` (int or list), `pad_token_id`, `do_sample`, `validate`, `seed`
-            (all optional). Rows are not repeated here: the trainer repeats prompts `rollout.n` times itself.
+        prompts.meta_info: `eos_token_id` (int or list), `pad_token_id`, `do_sample`, `validate`, `seed`,
+            and per-call `temperature`/`top_p`/`top_k`/`calculate_log_probs` overrides (all optional). Rows are
+            not repeated here: the trainer repeats prompts `rollout.n` times itself.
         Returns the fields of `build_rollout_output`; `rollout_log_probs` (bs, response_len) when
         `rollout.calculate_log_probs`: log_softmax(logits / temperature) of the sampled tokens, the actor's
         formula at the same temperature (top-k/top-p truncation is not reflected, as in the actor).
@@ -90,7 +110,7 @@ class HFRollout(BaseRollout):
         eos_token_id, pad_token_id = resolve_token_ids(
             meta, self.tokenizer, getattr(self.module, "generation_config", None)
         )
-        want_log_probs = bool(self.config.get("calculate_log_probs", False))
+        want_log_probs = bool(meta.get("calculate_log_probs", self.config.get("calculate_log_probs", False)))
         seed = generation_seed(self.config, meta, self._calls)
         self._calls += 1
 
@@ -130,35 +150,59 @@ class HFRollout(BaseRollout):
         pad_token_id: int,
         want_log_probs: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Generate for prompt rows `rows` after cutting their common left padding.
+        """Sample responses for prompt rows `rows`: distinct prompts are prefilled once (common left padding
+        cut), their KV cache copied to the rows sharing them; rows leave the batch at their first eos.
 
         Returns responses (len(rows), response_length) right-padded with `pad_token_id`, and their
-        log-probs (same shape, 0 on padding) or None.
+        log-probs log_softmax(logits / T)[token] (same shape, 0 on padding) or None.
         """
-        mask = prompts.batch["attention_mask"][rows]
-        first = _first_non_pad_column(mask)
-        ids = prompts.batch["input_ids"][rows, first:].to(device)
-        mask = mask[:, first:].to(device)
-        pos = prompts.batch["position_ids"][rows, first:].to(device)
-        output = self.module.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            generation_config=_generation_config(
-                sampling, self.response_length, eos_token_id, pad_token_id, output_logits=want_log_probs
-            ),
-        )
-        generated = output.sequences[:, ids.shape[1] :].cpu()
-        responses = pad_responses(list(generated), self.response_length, pad_token_id)
-        if not want_log_probs:
-            return responses, None
-        logits = torch.stack(output.logits, dim=1).float().cpu()  # (mb, gen_len, vocab)
-        token_lp = torch.log_softmax(logits / sampling.logprob_temperature, dim=-1)
-        token_lp = token_lp.gather(-1, generated.unsqueeze(-1)).squeeze(-1)
-        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-        n = min(token_lp.shape[1], self.response_length)
-        log_probs[:, :n] = token_lp[:, :n]
-        return responses, log_probs
+        ids, mask, pos = (prompts.batch[key][rows] for key in ("input_ids", "attention_mask", "position_ids"))
+        groups = prompt_groups(ids, mask, 0)
+        first_row = group_first_rows(groups)
+        start = _first_non_pad_column(mask[first_row])
+        cache = _kv_cache(self.module.config, ids.shape[1] - start + self.response_length)
+        logits = self.module(
+            input_ids=ids[first_row, start:].to(device),
+            attention_mask=mask[first_row, start:].to(device),
+            position_ids=pos[first_row, start:].to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        groups = groups.to(device)
+        if len(first_row) < len(groups):
+            cache.batch_select_indices(groups)
+            logits = logits[groups]
+        attention = mask[first_row, start:].to(device)[groups]
+        next_pos = pos[first_row, -1].to(device)[groups] + 1
+        live = torch.arange(len(groups), device=device)  # the rows still generating
+        eos = torch.tensor(eos_token_id, device=device).reshape(-1)
+        warpers = _logits_warpers(sampling)
+        responses = torch.full((len(groups), self.response_length), pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=device) if want_log_probs else None
+        for t in range(self.response_length):
+            tokens = _next_tokens(logits, warpers, sampling.do_sample)
+            responses[live, t] = tokens
+            if log_probs is not None:
+                token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
+                log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            running = ~torch.isin(tokens, eos)
+            if t == self.response_length - 1 or not running.any():
+                break
+            if not running.all():  # finished rows leave the batch and its KV cache
+                keep = running.nonzero().flatten()
+                live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+            attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
+            logits = self.module(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=next_pos.unsqueeze(-1),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+        return responses.cpu(), (log_probs.cpu() if log_probs is not None else None)
 
 
 def _length_sorted_order(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -173,35 +217,70 @@ def _first_non_pad_column(attention_mask: torch.Tensor) -> int:
     return int(used[0]) if used.numel() else 0
 
 
-def _generation_config(
-    sampling: SamplingSettings,
-    max_new_tokens: int,
-    eos_token_id: int | list[int],
-    pad_token_id: int,
-    output_logits: bool,
-) -> GenerationConfig:
-    """A GenerationConfig that pins every knob changing the token distribution, so values from the model's
-    own generation_config.json (e.g. a repetition penalty) cannot creep in."""
-    common = dict(
-        return_dict_in_generate=True,
-        output_logits=output_logits,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        num_beams=1,
-        num_return_sequences=1,
-        repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        typical_p=1.0,
-        use_cache=True,
-    )
+class _PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer whose keys and values live in a buffer allocated once for `capacity` positions:
+    a decode step writes its token in place and returns a view, where HF's DynamicLayer concatenates (copying
+    the whole cache every step, O(length^2) over a response). Dropping rows copies the buffer once."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        bs, heads = key_states.shape[:2]
+        self.key_buffer = key_states.new_empty(bs, heads, self.capacity, key_states.shape[-1])
+        self.value_buffer = value_states.new_empty(bs, heads, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache of {self.capacity} positions is full (needs {end})")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+            self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+
+def _kv_cache(config: Any, capacity: int) -> Cache:
+    """A preallocated cache of `capacity` positions per layer for full-attention models; HF's DynamicCache
+    for models with sliding-window or other layer types."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    if any(kind != "full_attention" for kind in layer_types):
+        return DynamicCache(config=config)
+    return Cache(layers=[_PreallocatedLayer(capacity) for _ in layer_types])
+
+
+def _logits_warpers(sampling: SamplingSettings) -> LogitsProcessorList:
+    """HF's sampling warpers in HF's order (temperature, top-k, top-p); empty for greedy."""
+    warpers = LogitsProcessorList()
     if not sampling.do_sample:
-        return GenerationConfig(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, **common)
-    return GenerationConfig(
-        do_sample=True,
-        temperature=sampling.temperature,
-        top_k=0 if sampling.top_k == -1 else sampling.top_k,  # HF: 0 = no top-k
-        top_p=sampling.top_p,
-        **common,
-    )
+        return warpers
+    if sampling.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k != -1:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    return warpers
+
+
+def _next_tokens(logits: torch.Tensor, warpers: LogitsProcessorList, do_sample: bool) -> torch.Tensor:
+    """(bs,) next token ids from (bs, vocab) logits: argmax, or one draw from softmax(warped logits)."""
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(warpers(None, logits.float()), dim=-1)
+    # inverse-CDF sampling: one uniform per row (torch.multinomial draws one exponential per vocabulary entry)
+    cdf = probs.cumsum(dim=-1)
+    draw = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)

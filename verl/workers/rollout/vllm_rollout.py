@@ -101,7 +101,7 @@ class VLLMRollout(BaseRollout):
         meta = prompts.meta_info
         sampling = resolve_sampling(self.config, meta)
         eos_token_id, pad_token_id = resolve_token_ids(meta, self.tokenizer)
-        want_log_probs = bool(self.config.get("calculate_log_probs", False))
+        want_log_probs = bool(meta.get("calculate_log_probs", self.config.get("calculate_log_probs", False)))
         seed = generation_seed(self.config, meta, self._calls)
         self._calls += 1
 
