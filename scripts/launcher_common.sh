@@ -3,7 +3,7 @@
 #
 # Environment: BASE_MODEL (HF model dir; unset = build the tiny default), DATA_DIR (train.parquet + test.parquet),
 # EXPERIMENT_NAME, N_GPUS (GPUs per node; on CPU worker processes per node), NNODES, SEED, WORK_DIR (default job
-# folder), PYTHON. ToolRL's reward switches (WITHLENGTH, CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD,
+# folder), SFT_STEPS (SFT warm-start steps of the default job), PYTHON. ToolRL's reward switches (WITHLENGTH, CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD,
 # SCHEDULELENGTH, REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD =1) are read by the RLLA reward at call time.
 
 PY=${PYTHON:-python3}
@@ -15,7 +15,9 @@ LAUNCH_START=$SECONDS
 resolve_model_and_data() {
   if [ -z "${BASE_MODEL:-}" ]; then
     local work=${WORK_DIR:-outputs/default}
-    "$PY" -m verl.trainer.prepare_default --out "$work" --seed "$SEED"
+    local sft_steps=()
+    [ -n "${SFT_STEPS:-}" ] && sft_steps=(--sft_steps "$SFT_STEPS")
+    "$PY" -m verl.trainer.prepare_default --out "$work" --seed "$SEED" "${sft_steps[@]}"
     BASE_MODEL=$work/sft_model
     DATA_DIR=$work/data
     EMBEDDED=1

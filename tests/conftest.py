@@ -3,7 +3,6 @@
 Owned by the lead; put fixtures private to a test package in that package's own conftest.py.
 """
 
-
 import pytest
 import torch
 

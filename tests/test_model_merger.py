@@ -13,7 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from verl.model_merger import main, merge_shards
 from verl.utils.checkpoint import FSDPCheckpointManager
-from verl.utils.fsdp_utils import apply_fsdp2, get_full_state_dict, init_distributed, load_causal_lm
+from verl.utils.fsdp_utils import (
+    apply_fsdp2,
+    destroy_distributed,
+    get_full_state_dict,
+    init_distributed,
+    load_causal_lm,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,7 +223,7 @@ def _two_rank_save_worker(rank: int, world_size: int, port: int, ckpt_dir: str, 
     full = get_full_state_dict(model)
     if rank == 0:
         torch.save(full, full_path)
-    dist.destroy_process_group()
+    destroy_distributed()
 
 
 @pytest.mark.slow  # spawns 2 processes importing torch + transformers, then the merger subprocess

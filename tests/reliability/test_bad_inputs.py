@@ -1,6 +1,9 @@
-"""Bad-input corpus: every case runs a real entry point in a subprocess and must exit non-zero, end stderr
-with one `error: ...` line naming the bad value (and/or what is allowed), and leave the files of an earlier
+"""Bad-input corpus: every case runs a real entry point as `python -m ...` would and must exit non-zero, end
+stderr with one `error: ...` line naming the bad value (and/or what is allowed), and leave the files of an earlier
 run (output parquet, checkpoint folder, metrics log) byte-for-byte and mtime-for-mtime untouched.
+
+Cases marked `isolated` (one per entry point, and those that start Ray) run in a subprocess each; the rest run
+one after another in a single subprocess (bad_input_batch.py), which saves importing torch ~70 times.
 
 Entry points: `dataset/rlla_4k_raw/rlla.py`, `examples/data_preprocess/gsm8k.py` (cheap, in bulk),
 `python -m verl.trainer.main_ppo` (config mistakes caught before Ray starts; a reward function returning
@@ -98,6 +101,7 @@ class Case:
     args: Callable[[Ctx], list[str]]
     expect: list[str]  # substrings of the last stderr line
     setup: Callable[[Ctx], None] = field(default=lambda ctx: None)
+    isolated: bool = False  # run in a process of its own (starts Ray, or stands for its entry point's exit code)
 
 
 def _write(path: Path, text: str) -> str:
@@ -132,7 +136,7 @@ def _gsm8k(train: str | None, test: str | None = '{"question": "q", "answer": "#
 GOOD_LINE = '{"question": "1+1?", "answer": "so #### 2"}\n'
 
 SCRIPT_CASES = [
-    Case("rlla-missing-file", "rlla", _rlla(None), ["raw.json", "does not exist", "nothing written"]),
+    Case("rlla-missing-file", "rlla", _rlla(None), ["raw.json", "does not exist", "nothing written"], isolated=True),
     Case("rlla-not-json", "rlla", _rlla("{not json"), ["raw.json", "not valid JSON"]),
     Case("rlla-empty-file", "rlla", _rlla(""), ["raw.json", "not valid JSON"]),
     Case("rlla-object-not-list", "rlla", _rlla(json.dumps(GOOD_RECORD)), ["must hold a JSON list", "got a JSON dict"]),
@@ -169,7 +173,7 @@ SCRIPT_CASES = [
         lambda ctx: ["--synthetic", "ten", "--local_dir", str(ctx.prev / "data")],
         ["--synthetic", "invalid int value", "'ten'"],
     ),
-    Case("gsm8k-missing-dir", "gsm8k", _gsm8k(None, None), ["train.jsonl", "does not exist"]),
+    Case("gsm8k-missing-dir", "gsm8k", _gsm8k(None, None), ["train.jsonl", "does not exist"], isolated=True),
     Case("gsm8k-missing-test", "gsm8k", _gsm8k(GOOD_LINE, None), ["test.jsonl", "does not exist"]),
     Case("gsm8k-not-json", "gsm8k", _gsm8k(GOOD_LINE + "{oops\n"), ["train.jsonl:2", "not valid JSON"]),
     Case("gsm8k-array-line", "gsm8k", _gsm8k("[1, 2]\n"), ["train.jsonl:1", "expected a JSON object", "got list"]),
@@ -187,42 +191,98 @@ SCRIPT_CASES = [
 
 
 # ------------------------------------------------------------------------------------------ runner
-def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+ENTRY_POINTS = {  # how `_run` starts each entry point: a script path or a module for `python -m`
+    "rlla": {"script": RLLA},
+    "gsm8k": {"script": GSM8K},
+    "ppo": {"module": "verl.trainer.main_ppo"},
+    "sft": {"module": "verl.trainer.fsdp_sft_trainer"},
+    "merger": {"module": "verl.model_merger"},
+}
+
+
+def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)
     env.pop("VERL_FULL_ERROR", None)
-    command = {
-        "rlla": [sys.executable, RLLA],
-        "gsm8k": [sys.executable, GSM8K],
-        "ppo": [sys.executable, "-m", "verl.trainer.main_ppo"],
-        "sft": [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer"],
-        "merger": [sys.executable, "-m", "verl.model_merger"],
-    }[entry]
-    return subprocess.run(command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    return env
 
 
-def _check_case(case: Case, good: dict[str, str], tmp_path: Path) -> None:
-    ctx = Ctx(good=good, inp=tmp_path / "inputs", prev=tmp_path / "previous_run")
+def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    point = ENTRY_POINTS[entry]
+    command = [sys.executable, point["script"]] if "script" in point else [sys.executable, "-m", point["module"]]
+    return subprocess.run(command + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=180)
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    ctx: Ctx
+    before: dict[str, tuple[bytes, int]]  # the earlier run's files before the case ran
+
+
+def _prepare(case: Case, good: dict[str, str], root: Path) -> tuple[Ctx, list[str], dict]:
+    ctx = Ctx(good=good, inp=root / "inputs", prev=root / "previous_run")
     ctx.inp.mkdir()
     _make_previous_run(ctx.prev, good)
     case.setup(ctx)
     args = case.args(ctx)
-    before = _snapshot(ctx.prev)
-    proc = _run(case.entry, args, cwd=tmp_path)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode != 0, f"{case.id}: exit 0\nstdout:{proc.stdout[-2000:]}\nstderr:{proc.stderr[-2000:]}"
-    assert lines, f"{case.id}: empty stderr (rc={proc.returncode})"
+    return ctx, args, _snapshot(ctx.prev)
+
+
+@pytest.fixture(scope="module")
+def batched(good, tmp_path_factory) -> dict[str, Outcome]:
+    """Every case not marked `isolated`, run in one Python process (bad_input_batch.py): the entry points fail
+    before starting Ray, so what they print and their exit codes are those of `python -m ...`, without paying
+    for importing torch, transformers and Hydra ~70 times."""
+    jobs, prepared = [], {}
+    for case in ALL_CASES:
+        if case.isolated:
+            continue
+        root = tmp_path_factory.mktemp(case.id)
+        ctx, args, before = _prepare(case, good, root)
+        prepared[case.id] = (ctx, before)
+        jobs.append({"id": case.id, **ENTRY_POINTS[case.entry], "args": args, "cwd": str(root)})
+    jobs_path = tmp_path_factory.mktemp("batch") / "jobs.json"
+    jobs_path.write_text(json.dumps(jobs))
+    results_path = jobs_path.with_name("results.json")
+    runner = Path(__file__).with_name("bad_input_batch.py")
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(jobs_path), str(results_path)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"batch runner failed:\n{proc.stderr[-3000:]}"
+    results = json.loads(results_path.read_text())
+    return {cid: Outcome(**results[cid], ctx=ctx, before=before) for cid, (ctx, before) in prepared.items()}
+
+
+def _check_case(case: Case, good: dict[str, str], tmp_path: Path, batched: dict[str, Outcome]) -> None:
+    if case.isolated:  # a real process of its own: it starts Ray, or it checks the real exit code
+        ctx, args, before = _prepare(case, good, tmp_path)
+        proc = _run(case.entry, args, cwd=tmp_path)
+        outcome = Outcome(proc.returncode, proc.stdout, proc.stderr, ctx, before)
+    else:
+        outcome = batched[case.id]
+    stderr = outcome.stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert outcome.returncode != 0, f"{case.id}: exit 0\nstdout:{outcome.stdout[-2000:]}\nstderr:{stderr[-2000:]}"
+    assert lines, f"{case.id}: empty stderr (rc={outcome.returncode})"
     last = lines[-1]
-    assert "error" in last.lower(), f"{case.id}: last stderr line is not an error line: {proc.stderr[-3000:]}"
-    assert "Traceback" not in proc.stderr, f"{case.id}: traceback on stderr: {proc.stderr[-3000:]}"
+    assert "error" in last.lower(), f"{case.id}: last stderr line is not an error line: {stderr[-3000:]}"
+    assert "Traceback" not in stderr, f"{case.id}: traceback on stderr: {stderr[-3000:]}"
     for text in case.expect:
         assert text in last, f"{case.id}: {text!r} not in the last stderr line {last!r}"
-    assert _snapshot(ctx.prev) == before, f"{case.id}: files of the earlier run changed or were added"
+    assert _snapshot(outcome.ctx.prev) == outcome.before, f"{case.id}: files of the earlier run changed or were added"
 
 
 @pytest.mark.parametrize("case", SCRIPT_CASES, ids=lambda c: c.id)
-def test_script_bad_input(case: Case, good, tmp_path):
-    _check_case(case, good, tmp_path)
+def test_script_bad_input(case: Case, good, tmp_path, batched):
+    _check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ main_ppo / SFT
@@ -340,7 +400,9 @@ PPO_CASES = [
         ["longer than max_prompt_length=4", "raise data.max_prompt_length"],
     ),
     Case("ppo-bad-truncation", "ppo", _ppo("data.truncation=wrap"), ["data.truncation='wrap'", "error", "middle"]),
-    Case("ppo-unknown-estimator", "ppo", _ppo("algorithm.adv_estimator=magic"), ["magic", "grpo", "gae"]),
+    Case(
+        "ppo-unknown-estimator", "ppo", _ppo("algorithm.adv_estimator=magic"), ["magic", "grpo", "gae"], isolated=True
+    ),
     Case(
         "ppo-unknown-policy-loss",
         "ppo",
@@ -401,8 +463,8 @@ def _empty_parquet(ctx: Ctx) -> None:
 
 
 @pytest.mark.parametrize("case", PPO_CASES, ids=lambda c: c.id)
-def test_main_ppo_bad_input(case: Case, good, tmp_path):
-    _check_case(case, good, tmp_path)
+def test_main_ppo_bad_input(case: Case, good, tmp_path, batched):
+    _check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ more main_ppo cases
@@ -522,25 +584,28 @@ MORE_PPO_CASES = [
         "ppo",
         _smallest_run("nan_score"),
         ["RewardFunctionError", "nan_score on row 0", "non-finite score nan"],
+        isolated=True,
     ),
     Case(
         "ppo-reward-returns-string",
         "ppo",
         _smallest_run("string_score"),
         ["RewardFunctionError", "string_score on row 0", "returned score '1.0' of type str; expected a real number"],
+        isolated=True,
     ),
     Case(
         "ppo-reward-returns-short-tuple",
         "ppo",
         _smallest_run("short_tuple"),
         ["RewardFunctionError", "short_tuple on row 0", "tuple of length 2", "(score, format, correctness, length)"],
+        isolated=True,
     ),
 ]
 
 
 @pytest.mark.parametrize("case", MORE_PPO_CASES, ids=lambda c: c.id)
-def test_main_ppo_more_bad_input(case: Case, good, tmp_path):
-    _check_case(case, good, tmp_path)
+def test_main_ppo_more_bad_input(case: Case, good, tmp_path, batched):
+    _check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ model_merger
@@ -565,7 +630,7 @@ def _ckpt_copy(edit: Callable[[Path], None]) -> Callable[[Ctx], None]:
 
 
 MERGER_CASES = [
-    Case("merger-missing-dir", "merger", _merger("nope"), ["nope", "does not exist"]),
+    Case("merger-missing-dir", "merger", _merger("nope"), ["nope", "does not exist"], isolated=True),
     Case(
         "merger-no-shards",
         "merger",
@@ -617,8 +682,8 @@ MERGER_CASES = [
 
 
 @pytest.mark.parametrize("case", MERGER_CASES, ids=lambda c: c.id)
-def test_model_merger_bad_input(case: Case, good, tmp_path):
-    _check_case(case, good, tmp_path)
+def test_model_merger_bad_input(case: Case, good, tmp_path, batched):
+    _check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ the SFT trainer
@@ -656,7 +721,13 @@ SFT_CASES = [
         ["user.parquet", "no assistant message"],
         _parquet("user.parquet", [{"messages": [{"role": "user", "content": "hi"}]}] * 4),
     ),
-    Case("sft-bad-dtype", "sft", _sft("model.dtype=float64"), ["model.dtype='float64'", "allowed", "bfloat16"]),
+    Case(
+        "sft-bad-dtype",
+        "sft",
+        _sft("model.dtype=float64"),
+        ["model.dtype='float64'", "allowed", "bfloat16"],
+        isolated=True,
+    ),
     Case(
         "sft-batch-not-divisible",
         "sft",
@@ -669,5 +740,9 @@ SFT_CASES = [
 
 
 @pytest.mark.parametrize("case", SFT_CASES, ids=lambda c: c.id)
-def test_sft_trainer_bad_input(case: Case, good, tmp_path):
-    _check_case(case, good, tmp_path)
+def test_sft_trainer_bad_input(case: Case, good, tmp_path, batched):
+    _check_case(case, good, tmp_path, batched)
+
+
+ALL_CASES = SCRIPT_CASES + PPO_CASES + MORE_PPO_CASES + MERGER_CASES + SFT_CASES
+assert len({c.id for c in ALL_CASES}) == len(ALL_CASES), "case ids must be unique"

@@ -17,6 +17,7 @@ from verl.utils.fsdp_utils import (
     apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
+    destroy_distributed,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
@@ -211,7 +212,7 @@ def _two_rank_checkpoint_worker(rank: int, world_size: int, port: int, ckpt_dir:
     torch.set_num_threads(1)
     init_distributed("gloo")
     save_perturb_load_check(ckpt_dir)
-    dist.destroy_process_group()
+    destroy_distributed()
 
 
 @pytest.mark.slow  # spawning 2 processes that import torch + transformers: ~15 s idle machine, more when loaded

@@ -19,6 +19,7 @@ from verl.utils.fsdp_utils import (
     build_lr_scheduler,
     build_optimizer,
     clip_grad_norm_,
+    destroy_distributed,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
@@ -171,7 +172,7 @@ def _two_rank_step_worker(rank: int, world_size: int, port: int, out_path: str) 
     full = get_full_state_dict(model)
     if rank == 0:
         torch.save({"state": full, "norm": norm}, out_path)
-    dist.destroy_process_group()
+    destroy_distributed()
 
 
 def spawn(fn, nprocs: int, *args, monkeypatch) -> None:

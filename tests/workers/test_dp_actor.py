@@ -342,6 +342,7 @@ def run_dp_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         if rank == 0:
             torch.save(full, os.path.join(out_dir, "params.pt"))
         torch.save(metrics, os.path.join(out_dir, f"metrics_{rank}.pt"))
+        dist.barrier()  # gloo aborts if a rank tears down while its peer is still connected
     finally:
         dist.destroy_process_group()
 

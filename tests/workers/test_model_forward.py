@@ -243,6 +243,7 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         full = {name: p.full_tensor() for name, p in model.named_parameters()}
         if rank == 0:
             torch.save(full, os.path.join(out_dir, "params.pt"))
+        dist.barrier()  # gloo aborts if a rank tears down while its peer is still connected
     finally:
         dist.destroy_process_group()
 

@@ -38,6 +38,7 @@ from verl.utils.fsdp_utils import (
     build_lr_scheduler,
     build_optimizer,
     clip_grad_norm_,
+    destroy_distributed,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
@@ -259,9 +260,12 @@ def run_sft(config: DictConfig | dict) -> str:
     created_group = not dist.is_initialized()
     rank, world_size = init_distributed(backend=get_dist_backend(device))
     try:
-        return _train(config, device, rank, world_size)
+        output_dir = _train(config, device, rank, world_size)
+        if created_group:
+            destroy_distributed()  # barrier first: gloo aborts when a rank leaves while its peer is still connected
+        return output_dir
     finally:
-        if created_group and dist.is_initialized():
+        if created_group and dist.is_initialized():  # after an error: no barrier, the peer may never reach it
             dist.destroy_process_group()
 
 

@@ -79,6 +79,19 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def destroy_distributed() -> None:
+    """Tear down the process group, after a barrier so no rank leaves while a peer still talks to it.
+
+    Gloo aborts the process ("terminate called without an active exception") when one rank destroys its group
+    while another is still inside a collective or has not yet reached its own teardown.
+    """
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------- FSDP2 wrapping
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks to shard one by one.

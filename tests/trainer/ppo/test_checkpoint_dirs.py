@@ -71,4 +71,3 @@ def test_step_of_rejects_bad_names():
 
 def test_empty_root_has_no_checkpoint(tmp_path):
     assert ckpt.find_latest_checkpoint(str(tmp_path / "missing")) is None
-

@@ -8,7 +8,9 @@ import pytest
 
 from verl.utils.reward_score import default_compute_score, gsm8k, math_reward
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared")
+SHARED = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared"
+)
 GSM8K_DIR = os.path.join(SHARED, "data", "gsm8k")  # ../shared beside the repository
 
 

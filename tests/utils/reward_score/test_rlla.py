@@ -18,7 +18,9 @@ from verl.utils.reward_score.rlla import (
     resolve_flags,
 )
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared")
+SHARED = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "..", "shared"
+)
 RLLA_PATH = os.path.join(SHARED, "data", "rlla", "rlla_sft.json")  # ../shared beside the repository
 
 

@@ -424,7 +424,9 @@ class RayPPOTrainer:
                 metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
                 if "entropys" in old.batch.keys():
                     ent = old.batch.pop("entropys")
-                    metrics["actor/entropy"] = core_algos.agg_loss(ent, batch.batch["response_mask"], "token-mean").item()
+                    metrics["actor/entropy"] = core_algos.agg_loss(
+                        ent, batch.batch["response_mask"], "token-mean"
+                    ).item()
                 batch = batch.union(old)
         if self.use_reference_policy:
             with marked_timer("ref", timing):
