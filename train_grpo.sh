@@ -13,14 +13,16 @@ resolve_model_and_data
 DEFAULTS=()
 if [ "$EMBEDDED" = 1 ]; then
   DEFAULTS=(
-    data.max_prompt_length=384 data.max_response_length=64 data.train_batch_size=8
+    data.max_prompt_length=384 data.max_response_length=100 data.train_batch_size=8
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
-    actor_rollout_ref.actor.optim.lr=2e-4 actor_rollout_ref.actor.use_kl_loss=true
-    actor_rollout_ref.actor.kl_loss_coef=0.02 actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.optim.lr=3e-4 actor_rollout_ref.actor.use_kl_loss=false
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.rollout.calculate_log_probs=true actor_rollout_ref.actor.recompute_old_log_prob=false
+    actor_rollout_ref.model.share_prompt_prefix=true
     actor_rollout_ref.rollout.val_kwargs.n=4 actor_rollout_ref.rollout.val_kwargs.do_sample=true
     actor_rollout_ref.rollout.val_kwargs.temperature=1.0
-    trainer.total_training_steps=60 trainer.test_freq=10 trainer.save_freq=0
+    trainer.total_training_steps=200 trainer.test_freq=25 trainer.save_freq=0
     trainer.experiment_name=grpo_default_seed${SEED} trainer.seed=$SEED
   )
 fi

@@ -1,0 +1,75 @@
+"""The README's main job, shortened: `bash train_grpo.sh` with no model or data given builds the tiny model, the
+synthetic RLLA task and an SFT warm start, then runs GRPO through `main_ppo` (Ray, workers, reward by data_source).
+
+Shortened to SFT_STEPS SFT steps and GRPO_STEPS GRPO steps (fixed seed, offline); the test checks the launcher's
+summary (validation reward before and after, wall time), that the validation reward went up, and the plot and
+TensorBoard files. The full-length job's figures (3 seeds) are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SFT_STEPS = 100  # a weak warm start: the format is often wrong, which GRPO fixes in a few steps
+GRPO_STEPS = 12
+
+
+def test_shortened_main_job_learns_and_draws_its_plot(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {
+        **os.environ,
+        "WORK_DIR": str(tmp_path / "default"),
+        "SFT_STEPS": str(SFT_STEPS),
+        "SEED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    env.pop("BASE_MODEL", None)
+    env.pop("DATA_DIR", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [
+            "bash",
+            "train_grpo.sh",
+            f"trainer.total_training_steps={GRPO_STEPS}",
+            f"trainer.test_freq={GRPO_STEPS}",
+            f"trainer.default_local_dir={run_dir}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+    # the three stages of the default job left their outputs
+    for sub in ("base_model/config.json", "sft_model/config.json", "data/train.parquet", "data/test.parquet"):
+        assert (tmp_path / "default" / sub).is_file(), sub
+
+    # the summary: validation reward before and after, and that it went up by a margin (7 = the reward's range)
+    match = re.search(r"validation reward: before (-?[\d.]+) -> after (-?[\d.]+)", out)
+    assert match, out[-3000:]
+    before, after = float(match.group(1)), float(match.group(2))
+    assert after > before + 0.1, (before, after)  # the reward ranges over 7
+    assert re.search(r"main job wall time \(prepare \+ train\): \d+m\d\ds", out)
+
+    # one metrics line per step, validation at step 0 and at the end, the plot and TensorBoard events
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    train_steps = sorted({r["step"] for r in rows if "critic/score/mean" in r})
+    assert train_steps == list(range(1, GRPO_STEPS + 1))
+    val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    assert val[0] == pytest.approx(before, abs=1e-4) and val[GRPO_STEPS] == pytest.approx(after, abs=1e-4)
+    plot = run_dir / "logs" / "curves.png"
+    assert plot.is_file() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((run_dir / "logs").rglob("events.out.tfevents.*"))
