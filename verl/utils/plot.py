@@ -14,7 +14,7 @@ import sys
 PANELS = (
     ("validation reward", ("val/reward/mean",)),
     ("training reward", ("critic/score/mean",)),
-    ("KL to reference", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+    ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),  # to the reference, else old -> new policy
     ("entropy", ("actor/entropy",)),
     ("response length", ("response_length/mean",)),
 )
@@ -65,6 +65,8 @@ def plot_run(path: str, out_png: str | None = None) -> str:
             steps, values = series(rows, key)
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
+                if len(keys) > 1:  # which of the panel's metrics this run logged
+                    title = f"{title} ({key})"
                 break
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
