@@ -4,7 +4,8 @@
 # Environment: BASE_MODEL (HF model dir; unset = build the tiny default), DATA_DIR (train.parquet + test.parquet),
 # EXPERIMENT_NAME, N_GPUS (GPUs per node; on CPU worker processes per node), NNODES, SEED, WORK_DIR (default job
 # folder), SFT_STEPS (SFT warm-start steps of the default job), PYTHON. ToolRL's reward switches (WITHLENGTH,
-# CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD, SCHEDULELENGTH, REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD =1) are read by the RLLA reward at call time.
+# CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD, SCHEDULELENGTH, REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD
+# =1) are read by the RLLA reward at call time.
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
