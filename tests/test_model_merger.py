@@ -1,7 +1,6 @@
 """Tests for verl.model_merger: FSDP2 checkpoint shards -> HF folder that reloads with the same weights and tokens."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -9,35 +8,21 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from verl.model_merger import main, merge_shards
+from verl.models.tiny import random_qwen2
 from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.fsdp_utils import (
     apply_fsdp2,
     destroy_distributed,
+    free_port,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
 )
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
-    """hidden 32, 2 layers, vocab 100; intermediate 45 so that the MLP shards unevenly over 2 ranks."""
-    config = Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=45,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
@@ -149,9 +134,9 @@ def test_merge_one_rank_checkpoint_with_huggingface_folder(tmp_path, process_gro
 
 def test_merge_with_hf_model_path_when_checkpoint_has_no_config(tmp_path, process_group):
     base = tmp_path / "base"
-    tiny_qwen2().save_pretrained(str(base))
+    random_qwen2().save_pretrained(str(base))
     word_tokenizer().save_pretrained(str(base))
-    model = apply_fsdp2(tiny_qwen2())
+    model = apply_fsdp2(random_qwen2())
     sgd_step(model, 100)
     ckpt = tmp_path / "ckpt"
     FSDPCheckpointManager(model).save_checkpoint(str(ckpt))  # no tokenizer: no huggingface/ folder
@@ -163,7 +148,7 @@ def test_merge_with_hf_model_path_when_checkpoint_has_no_config(tmp_path, proces
                  "--hf_model_path", str(base)]) == 0  # fmt: skip
     merged = AutoModelForCausalLM.from_pretrained(str(out))
     assert_same_weights(merged, get_full_state_dict(model))
-    assert not torch.equal(merged.lm_head.weight, tiny_qwen2().lm_head.weight)  # trained, not the base weights
+    assert not torch.equal(merged.lm_head.weight, random_qwen2().lm_head.weight)  # trained, not the base weights
     assert torch.equal(greedy(merged, 100), greedy(model, 100))
     assert PreTrainedTokenizerFast.from_pretrained(str(out))("hello world")["input_ids"] == [2, 3]
 
@@ -205,19 +190,13 @@ def test_cli_error_exit_code_and_stderr(tmp_path):
 
 
 # ---------------------------------------------------------------- two ranks
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _two_rank_save_worker(rank: int, world_size: int, port: int, ckpt_dir: str, full_path: str) -> None:
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     )
     torch.set_num_threads(1)
     init_distributed("gloo")
-    model = apply_fsdp2(tiny_qwen2())
+    model = apply_fsdp2(random_qwen2())
     sgd_step(model, 100, seed=rank)
     FSDPCheckpointManager(model).save_checkpoint(ckpt_dir)
     full = get_full_state_dict(model)
@@ -234,7 +213,7 @@ def test_merge_two_rank_checkpoint(tmp_path, monkeypatch):
     shards = [torch.load(os.path.join(ckpt, f"model_world_size_2_rank_{r}.pt")) for r in range(2)]
     assert [s["model.layers.0.mlp.gate_proj.weight"].shape[0] for s in shards] == [23, 22]
     base = tmp_path / "base"
-    tiny_qwen2().save_pretrained(str(base))
+    random_qwen2().save_pretrained(str(base))
     word_tokenizer().save_pretrained(str(base))
 
     out = tmp_path / "merged"

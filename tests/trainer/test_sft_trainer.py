@@ -1,7 +1,6 @@
 """Tests for the SFT dataset (loss mask, padding, truncation, errors) and the FSDP2 SFT trainer (1 and 2 ranks)."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.trainer.fsdp_sft_trainer import _forward, _to_device, run_sft, sft_loss
 from verl.utils.dataset.sft_dataset import SFTDataset
+from verl.utils.fsdp_utils import free_port
 
 TWO_TURNS = [
     {"role": "system", "content": "You can call tools."},
@@ -220,19 +220,13 @@ def test_short_sft_lowers_loss_and_writes_hf_checkpoint(one_rank_run, tiny_model
     assert val[5] < val[2] and (metrics["train/loss"].iloc[-2:].mean() < metrics["train/loss"].iloc[:2].mean())
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_ranks_match_one_rank(one_rank_run, tiny_model_dir, tmp_path):
     train, final_one = one_rank_run
     out = str(tmp_path / "out2")
     cfg = _sft_config(tiny_model_dir, train, out, steps=6)
     overrides = [f"{section}.{k}={v}" for section, values in cfg.items() for k, v in values.items()]
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")

@@ -2,7 +2,6 @@
 
 import os
 import random
-import socket
 
 import numpy as np
 import pytest
@@ -10,14 +9,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from verl.models.tiny import random_qwen2
 from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.fsdp_utils import (
     apply_fsdp2,
     build_lr_scheduler,
     build_optimizer,
     destroy_distributed,
+    free_port,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
@@ -28,19 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def tiny_qwen2(seed: int = 0, tie: bool = False, layers: int = 2) -> Qwen2ForCausalLM:
-    """hidden 32, 2 layers, vocab 100; intermediate 45 so that the MLP shards unevenly over 2 ranks."""
-    config = Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=45,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    return random_qwen2(seed, num_hidden_layers=layers, tie_word_embeddings=tie)
 
 
 def build_training(tie: bool = False):
@@ -117,12 +106,6 @@ def save_perturb_load_check(ckpt_dir: str) -> None:
     assert_draws_equal(rng_draws(), draws_after_save)
     train_step(model, optimizer, scheduler, seed=2)  # resuming continues the saved run exactly
     assert_snapshots_equal(snapshot(model, optimizer, scheduler), after_one_more_step)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 import copy
 import math
 import os
-import socket
 import sys
 
 import pytest
@@ -11,8 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.fsdp import FSDPModule
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from verl.models.tiny import random_qwen2
 from verl.utils.device import get_device_name, get_dist_backend, get_torch_device
 from verl.utils.fsdp_utils import (
     apply_fsdp2,
@@ -20,6 +20,7 @@ from verl.utils.fsdp_utils import (
     build_optimizer,
     clip_grad_norm_,
     destroy_distributed,
+    free_port,
     get_full_state_dict,
     init_distributed,
     load_causal_lm,
@@ -33,29 +34,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 
 def tiny_qwen2(seed: int = 0, tie: bool = False) -> Qwen2ForCausalLM:
-    """hidden 32, 2 layers, vocab 100; intermediate 45 so that the MLP shards unevenly over 2 ranks."""
-    config = Qwen2Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=45,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    return random_qwen2(seed, tie_word_embeddings=tie)
 
 
 def batch_ids(bs: int = 4, seq_len: int = 10) -> torch.Tensor:
     return torch.randint(0, 100, (bs, seq_len), generator=torch.Generator().manual_seed(123))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 import copy
 import os
-import socket
 import tempfile
 import time
 
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
+from verl.utils.fsdp_utils import free_port
 from verl.workers.actor import DataParallelPPOActor
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 64
@@ -345,12 +345,6 @@ def run_dp_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.barrier()  # gloo aborts if a rank tears down while its peer is still connected
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_rank_fsdp2_equals_one_process_on_the_whole_batch():

@@ -252,6 +252,33 @@ def _read_corpus_file(path: str) -> list[str]:
     return texts
 
 
+def random_qwen2(
+    seed: int = 0,
+    *,
+    vocab_size: int = 100,
+    hidden_size: int = 32,
+    intermediate_size: int = 45,
+    num_hidden_layers: int = 2,
+    tie_word_embeddings: bool = False,
+) -> Qwen2ForCausalLM:
+    """A random-weight Qwen2ForCausalLM without a tokenizer, for tests of sharding, checkpoints and merging.
+
+    4 heads and 2 KV heads; the default intermediate size 45 is odd so that the MLP shards unevenly over 2 ranks.
+    """
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
 def build_tiny_model(
     out_dir: str,
     size: str = "xs",

@@ -47,7 +47,8 @@ LR_SCHEDULE_STYLES = ("constant", "cosine")
 
 
 # ---------------------------------------------------------------- process group
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -75,7 +76,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     else:
         if device_name == "cuda" and backend == "nccl":
             torch.cuda.set_device(0)
-        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 

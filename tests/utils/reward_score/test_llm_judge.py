@@ -1,13 +1,13 @@
 """The LLM judge against a real HTTP server on 127.0.0.1 that speaks /v1/chat/completions."""
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from verl.utils.fsdp_utils import free_port
 from verl.utils.reward_score import default_compute_score, llm_judge
 from verl.utils.reward_score.llm_judge import JudgeError, compute_score, resolve_config
 
@@ -53,12 +53,6 @@ def judge_server():
     yield server
     server.shutdown()
     server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _cfg(server, **extra):
@@ -108,7 +102,7 @@ def test_client_error_is_not_retried(judge_server):
 
 
 def test_refused_connection_is_retried_then_raises():
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     start = time.monotonic()
     with pytest.raises(JudgeError, match="after 3 attempt.*cannot reach"):
         compute_score("a", "b", config={"url": url, "model": "m", "max_retries": 2, "backoff_s": 0.05})

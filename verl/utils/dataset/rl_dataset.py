@@ -1,7 +1,7 @@
 """RL prompt dataset: parquet rows of chat prompts -> left-padded token tensors, plus a resumable sampler.
 
-Owns `RLHFDataset` (verl's name and config keys), its `collate_fn`, `create_rl_sampler` and
-`ResumableSampler`. Layer 4: imports torch, pyarrow, numpy and `verl.utils` (layer 1); never Ray.
+Owns `RLHFDataset` (verl's name and config keys), its `collate_fn` and `create_rl_sampler` (a
+`ResumableSampler` from `samplers.py`, re-exported here). Layer 4: imports torch, pyarrow, numpy and `verl.utils` (layer 1); never Ray.
 
 A row of the parquet files (verl's layout) holds `prompt` (chat messages `[{role, content}, ...]`),
 `data_source`, `reward_model` (`{"style": "rule", "ground_truth": ...}`), `extra_info` (with `index`), and any
@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
+from verl.utils.dataset.samplers import ResumableSampler
 from verl.utils.torch_functional import compute_position_id_with_mask, tokenize_and_postprocess_data
 
 logger = logging.getLogger(__name__)
@@ -226,82 +227,6 @@ class RLHFDataset(Dataset):
 
 
 # --------------------------------------------------------------------------------------------- sampler
-class ResumableSampler(Sampler[int]):
-    """Sequential or seeded-shuffled indices whose place (epoch, position) can be saved and restored exactly.
-
-    With `shuffle=True` the orders are exactly those `RandomSampler(dataset, generator=g)` yields over
-    successive epochs for a generator `g` seeded once with `seed` (torch 2.x draws two `randperm` per epoch;
-    a test checks the match). Epoch e is recomputed from the seed, so (epoch, position) is the whole state. Each `__iter__` call continues the current epoch from `position`; running to the end
-    moves to the next epoch. `position` counts indices handed out, so with `DataLoader(num_workers=0)` it
-    equals (batches consumed) x batch_size; with worker prefetching it runs ahead of what was consumed.
-    """
-
-    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 1):
-        if num_samples < 1:
-            raise ValueError(f"ResumableSampler needs num_samples >= 1, got {num_samples}")
-        self.num_samples = int(num_samples)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.epoch = 0
-        self.position = 0
-        self._order_epoch: int | None = None
-        self._order: list[int] = []
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        if self._order_epoch != epoch:
-            if self.shuffle:
-                generator = torch.Generator()
-                generator.manual_seed(self.seed)
-                # Replay RandomSampler's draws of earlier epochs: each epoch draws its permutation and then a
-                # second one for the (empty) tail `randperm(n)[: num_samples % n]`.
-                for _ in range(2 * epoch):
-                    torch.randperm(self.num_samples, generator=generator)
-                self._order = torch.randperm(self.num_samples, generator=generator).tolist()
-            else:
-                self._order = list(range(self.num_samples))
-            self._order_epoch = epoch
-        return self._order
-
-    def __iter__(self):
-        order = self._epoch_order(self.epoch)
-        while self.position < self.num_samples:
-            index = order[self.position]
-            self.position += 1
-            yield index
-        self.epoch += 1
-        self.position = 0
-
-    def state_dict(self) -> dict:
-        """`{"epoch", "position", "seed", "shuffle", "num_samples"}`; an exhausted epoch reads as the next one."""
-        epoch, position = self.epoch, self.position
-        if position >= self.num_samples:
-            epoch, position = epoch + 1, 0
-        return {
-            "epoch": epoch,
-            "position": position,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "num_samples": self.num_samples,
-        }
-
-    def load_state_dict(self, state: Mapping) -> None:
-        """Continue from a `state_dict()`; the dataset size, seed and shuffle must be the ones it was taken with."""
-        for key in ("num_samples", "seed", "shuffle"):
-            if key in state and state[key] != getattr(self, key):
-                raise ValueError(
-                    f"sampler state was saved with {key}={state[key]!r} but this sampler has "
-                    f"{key}={getattr(self, key)!r}; resume with the same data files and data.seed/data.shuffle"
-                )
-        position = int(state["position"])
-        if not 0 <= position <= self.num_samples:
-            raise ValueError(f"sampler state position={position} is outside [0, {self.num_samples}]")
-        self.epoch = int(state["epoch"])
-        self.position = position
-
-
 def create_rl_sampler(data_config: Mapping | Any, dataset: Dataset) -> ResumableSampler:
     """The training sampler: shuffled with `data_config.seed` (default 1) if `data_config.shuffle` (default
     True), else sequential. Replaces verl's RandomSampler(generator seeded with seed)/SequentialSampler pair

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from verl.utils.registry import LazyRegistry
 from verl.workers.rollout.workflows.base import (
     ROLLOUT_FIELDS,
     RolloutWorkflow,
@@ -25,13 +26,16 @@ from verl.workers.rollout.workflows.base import (
     trajectory_row,
 )
 
-_BUILTIN_WORKFLOWS: dict[str, str] = {
-    "rlvr": "verl.workers.rollout.workflows.rlvr:RLVRWorkflow",
-    "remax": "verl.workers.rollout.workflows.remax:ReMaxWorkflow",
-    "multi_turn_tool": "verl.workers.rollout.workflows.multi_turn_tool:MultiTurnToolWorkflow",
-    "environment": "verl.workers.rollout.workflows.environment:EnvironmentWorkflow",
-}
-_REGISTERED: dict[str, type[RolloutWorkflow]] = {}
+WORKFLOW_REGISTRY = LazyRegistry(
+    "rollout workflow",
+    "actor_rollout_ref.rollout.workflow",
+    {
+        "rlvr": "verl.workers.rollout.workflows.rlvr:RLVRWorkflow",
+        "remax": "verl.workers.rollout.workflows.remax:ReMaxWorkflow",
+        "multi_turn_tool": "verl.workers.rollout.workflows.multi_turn_tool:MultiTurnToolWorkflow",
+        "environment": "verl.workers.rollout.workflows.environment:EnvironmentWorkflow",
+    },
+)
 
 __all__ = [
     "ROLLOUT_FIELDS",
@@ -51,28 +55,16 @@ __all__ = [
 
 def register_workflow(name: str):
     """Class decorator registering a `RolloutWorkflow` under `name` (`rollout.workflow=<name>`)."""
-
-    def decorator(cls: type[RolloutWorkflow]) -> type[RolloutWorkflow]:
-        if name in _BUILTIN_WORKFLOWS or name in _REGISTERED:
-            raise ValueError(f"rollout workflow {name!r} is already registered")
-        _REGISTERED[name] = cls
-        return cls
-
-    return decorator
+    return WORKFLOW_REGISTRY.register(name)
 
 
 def get_workflow_class(name: str) -> type[RolloutWorkflow]:
     """The workflow class registered as `name`, or the class at the dotted path `name`."""
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name in _BUILTIN_WORKFLOWS:
-        return load_callable(_BUILTIN_WORKFLOWS[name])
-    known = sorted(set(_BUILTIN_WORKFLOWS) | set(_REGISTERED))
-    if "." not in name:
-        raise ValueError(
-            f"unknown rollout workflow {name!r} (actor_rollout_ref.rollout.workflow); allowed: {known} "
-            "or a dotted path 'pkg.module:Class'"
-        )
+    if name in WORKFLOW_REGISTRY or "." not in name:
+        try:
+            return WORKFLOW_REGISTRY.get(name)
+        except ValueError as err:
+            raise ValueError(f"{err} or a dotted path 'pkg.module:Class'") from None
     try:
         cls = load_callable(name)
     except (ImportError, AttributeError, ValueError, FileNotFoundError) as err:
