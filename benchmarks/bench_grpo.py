@@ -7,7 +7,8 @@ prompts from ../shared/data/gsm8k/train.jsonl (chat-templated, at most 128 token
 (beta 0.04) to the reference model, 1 PPO epoch, one mini-batch per step, micro-batches of 32 samples;
 AdamW lr 1e-6; 2 torch threads. The model is random, so nearly every response runs to 64 tokens.
 
-Each run is a subprocess (fresh memory, fresh Ray) whose process tree is sampled for RSS by this script.
+Each run is a subprocess (fresh memory, fresh Ray) whose process tree is sampled for RSS and PSS
+(`tree_memory.py`) by this script.
 Runs alternate (ours, TRL, floor, ours, TRL, floor, ...) so that load on the machine hits all of them alike,
 and every ratio is computed within the run. Step time = median over the steps after the warm-up ones.
 
@@ -29,8 +30,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tree_memory import TreeMemory  # noqa: E402  (benchmarks/ is not a package)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K_TRAIN = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "gsm8k", "train.jsonl")
@@ -407,62 +410,6 @@ def run_floor(paths: dict[str, str], steps: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------- process + memory
-RAY_DAEMONS = ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env", "ray_client")
-
-
-def _process_kind(is_root: bool, cmd: str) -> str:
-    if is_root:
-        return "driver"
-    if "ray::IDLE" in cmd or any(d in cmd for d in RAY_DAEMONS) or "ray::" not in cmd:
-        return "ray daemons"
-    return "workers"
-
-
-class TreeMemory:
-    """Samples the RSS of a process and all its descendants every `interval` s; keeps the peaks.
-
-    `peak_mb`: the whole tree. `peak_work_mb`: the driver and the processes doing the work, i.e. the tree
-    less Ray's own daemons (gcs_server, raylet, dashboard, log monitor) and its idle pre-started workers.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.2):
-        self.pid, self.interval = pid, interval
-        self.peak_mb = self.peak_work_mb = 0.0
-        self.peak_by_kind: dict[str, float] = {}  # driver / workers / ray daemons, each at its own peak
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root] + root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                return
-            by_kind: dict[str, float] = {}
-            for proc in procs:
-                try:
-                    rss = proc.memory_info().rss / 2**20
-                    cmd = " ".join(proc.cmdline())
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-                kind = _process_kind(proc.pid == self.pid, cmd)
-                by_kind[kind] = by_kind.get(kind, 0.0) + rss
-            total = sum(by_kind.values())
-            work = by_kind.get("driver", 0.0) + by_kind.get("workers", 0.0)
-            self.peak_mb, self.peak_work_mb = max(self.peak_mb, total), max(self.peak_work_mb, work)
-            for kind, rss in by_kind.items():
-                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0.0), rss)
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def launch(kind: str, variant: str, workdir: str, steps: int, log_path: str) -> dict:
     """Run one benchmark run in a subprocess; return its figures plus the peak RSS of its process tree."""
     result_path = os.path.join(workdir, f"result_{variant}_{time.time_ns()}.json")
@@ -488,6 +435,7 @@ def launch(kind: str, variant: str, workdir: str, steps: int, log_path: str) -> 
             "kind": kind,
             "peak_rss_mb": memory.peak_mb,
             "peak_rss_work_mb": memory.peak_work_mb,
+            "peak_pss_mb": memory.peak_pss_mb,
             "peak_rss_by_process_mb": memory.peak_by_kind,
         }
     )
@@ -533,6 +481,7 @@ def summarize(results: list[dict], warmup: int) -> dict[str, dict]:
             "gen_tokens_per_s": sum(tokens) / sum(gen) if gen and sum(gen) > 0 else None,
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
             "peak_rss_work_mb": max(r["peak_rss_work_mb"] for r in runs),
+            "peak_pss_mb": max(r.get("peak_pss_mb", 0.0) for r in runs),
             "peak_rss_by_process_mb": {
                 k: max(r["peak_rss_by_process_mb"].get(k, 0.0) for r in runs) for k in runs[0]["peak_rss_by_process_mb"]
             },
@@ -561,6 +510,8 @@ def ratios(summary: dict[str, dict]) -> dict[str, float]:
         out["ours/trl step time"] = ours["step_s"] / trl["step_s"]
         out["ours/trl peak RSS (work processes)"] = ours["peak_rss_work_mb"] / trl["peak_rss_mb"]
         out["ours/trl peak RSS (all, Ray daemons too)"] = ours["peak_rss_mb"] / trl["peak_rss_mb"]
+        if ours["peak_pss_mb"] and trl["peak_pss_mb"]:
+            out["ours/trl peak PSS (all processes)"] = ours["peak_pss_mb"] / trl["peak_pss_mb"]
     if ours and floor:
         out["ours/floor step time"] = ours["step_s"] / floor["step_s"]
         out["ours/floor generation tokens/s"] = ours["gen_tokens_per_s"] / floor["gen_tokens_per_s"]
@@ -571,7 +522,8 @@ def ratios(summary: dict[str, dict]) -> dict[str, float]:
 
 def print_table(summary: dict[str, dict], ratio: dict[str, float]) -> None:
     header = (
-        f"{'run':<22}{'step s':>8}{'wall s':>8}{'gen s':>8}{'gen tok/s':>11}{'RSS MB':>9}{'RSS work':>10}{'orch':>7}"
+        f"{'run':<22}{'step s':>8}{'wall s':>8}{'gen s':>8}{'gen tok/s':>11}{'RSS MB':>9}{'RSS work':>10}{'PSS MB':>9}"
+        f"{'orch':>7}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for name, e in summary.items():
@@ -579,6 +531,7 @@ def print_table(summary: dict[str, dict], ratio: dict[str, float]) -> None:
         print(
             f"{name:<22}{_fmt(e['step_s']):>8}{_fmt(e['wall_s']):>8}{_fmt(e['gen_s']):>8}"
             f"{_fmt(e['gen_tokens_per_s'], 0):>11}{e['peak_rss_mb']:>9.0f}{e['peak_rss_work_mb']:>10.0f}"
+            f"{e['peak_pss_mb']:>9.0f}"
             f"{'' if orch is None else f'{orch:.2%}':>7}"
         )
     for name, e in summary.items():

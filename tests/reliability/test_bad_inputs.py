@@ -14,12 +14,9 @@ NaN, a string or a tuple of the wrong length fails at the first step of the smal
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -27,11 +24,11 @@ import pytest
 
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pytest imports test files without their folder
+from bad_input_runner import Case, Ctx, Outcome, check_case, run_batch, write  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-RLLA = str(REPO / "dataset" / "rlla_4k_raw" / "rlla.py")
-GSM8K = str(REPO / "examples" / "data_preprocess" / "gsm8k.py")
 FAULT_REWARDS = str(Path(__file__).resolve().parent / "fault_rewards.py")
 
 
@@ -66,54 +63,12 @@ def _actor_checkpoint(model_dir: str, out: Path) -> str:
     return str(out)
 
 
-def _make_previous_run(prev: Path, good: dict[str, str]) -> None:
-    """Files an earlier run left behind: output parquets, a checkpoint folder and a metrics log."""
-    (prev / "data").mkdir(parents=True)
-    shutil.copy(good["train"], prev / "data" / "train.parquet")
-    shutil.copy(good["train"], prev / "data" / "test.parquet")
-    step = prev / "grpo_tiny" / "global_step_1"
-    step.mkdir(parents=True)
-    (step / "model.safetensors").write_bytes(b"\x00weights-of-an-earlier-run" * 64)
-    (step / "COMPLETE").write_text("1\n")
-    (prev / "grpo_tiny" / "latest_checkpointed_iteration.txt").write_text("1\n")
-    (prev / "logs").mkdir()
-    (prev / "logs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/pg_loss": 0.5}) + "\n")
-
-
-def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {
-        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
 # ------------------------------------------------------------------------------------------ the corpus
-@dataclass
-class Ctx:
-    good: dict[str, str]
-    inp: Path  # folder for this case's bad inputs
-    prev: Path  # the earlier run's folder; every case writes its outputs here
-
-
-@dataclass
-class Case:
-    id: str
-    entry: str  # rlla | gsm8k | ppo | sft
-    args: Callable[[Ctx], list[str]]
-    expect: list[str]  # substrings of the last stderr line
-    setup: Callable[[Ctx], None] = field(default=lambda ctx: None)
-    isolated: bool = False  # run in a process of its own (starts Ray, or stands for its entry point's exit code)
-
-
-def _write(path: Path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
-
-
 def _rlla(content: str | None) -> Callable[[Ctx], list[str]]:
     def args(ctx: Ctx) -> list[str]:
         path = ctx.inp / "raw.json"
         if content is not None:
-            _write(path, content)
+            write(path, content)
         return ["--input", str(path), "--local_dir", str(ctx.prev / "data")]
 
     return args
@@ -125,9 +80,9 @@ GOOD_RECORD = {"instruction": "use tools", "input": "hi", "output": "<think>x</t
 def _gsm8k(train: str | None, test: str | None = '{"question": "q", "answer": "#### 1"}\n', extra=()):
     def args(ctx: Ctx) -> list[str]:
         if train is not None:
-            _write(ctx.inp / "train.jsonl", train)
+            write(ctx.inp / "train.jsonl", train)
         if test is not None:
-            _write(ctx.inp / "test.jsonl", test)
+            write(ctx.inp / "test.jsonl", test)
         return ["--input_dir", str(ctx.inp), "--local_dir", str(ctx.prev / "data"), *extra]
 
     return args
@@ -190,99 +145,15 @@ SCRIPT_CASES = [
 ]
 
 
-# ------------------------------------------------------------------------------------------ runner
-ENTRY_POINTS = {  # how `_run` starts each entry point: a script path or a module for `python -m`
-    "rlla": {"script": RLLA},
-    "gsm8k": {"script": GSM8K},
-    "ppo": {"module": "verl.trainer.main_ppo"},
-    "sft": {"module": "verl.trainer.fsdp_sft_trainer"},
-    "merger": {"module": "verl.model_merger"},
-}
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("RAY_ADDRESS", None)
-    env.pop("VERL_FULL_ERROR", None)
-    return env
-
-
-def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    point = ENTRY_POINTS[entry]
-    command = [sys.executable, point["script"]] if "script" in point else [sys.executable, "-m", point["module"]]
-    return subprocess.run(command + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=180)
-
-
-@dataclass
-class Outcome:
-    returncode: int
-    stdout: str
-    stderr: str
-    ctx: Ctx
-    before: dict[str, tuple[bytes, int]]  # the earlier run's files before the case ran
-
-
-def _prepare(case: Case, good: dict[str, str], root: Path) -> tuple[Ctx, list[str], dict]:
-    ctx = Ctx(good=good, inp=root / "inputs", prev=root / "previous_run")
-    ctx.inp.mkdir()
-    _make_previous_run(ctx.prev, good)
-    case.setup(ctx)
-    args = case.args(ctx)
-    return ctx, args, _snapshot(ctx.prev)
-
-
 @pytest.fixture(scope="module")
 def batched(good, tmp_path_factory) -> dict[str, Outcome]:
-    """Every case not marked `isolated`, run in one Python process (bad_input_batch.py): the entry points fail
-    before starting Ray, so what they print and their exit codes are those of `python -m ...`, without paying
-    for importing torch, transformers and Hydra ~70 times."""
-    jobs, prepared = [], {}
-    for case in ALL_CASES:
-        if case.isolated:
-            continue
-        root = tmp_path_factory.mktemp(case.id)
-        ctx, args, before = _prepare(case, good, root)
-        prepared[case.id] = (ctx, before)
-        jobs.append({"id": case.id, **ENTRY_POINTS[case.entry], "args": args, "cwd": str(root)})
-    jobs_path = tmp_path_factory.mktemp("batch") / "jobs.json"
-    jobs_path.write_text(json.dumps(jobs))
-    results_path = jobs_path.with_name("results.json")
-    runner = Path(__file__).with_name("bad_input_batch.py")
-    proc = subprocess.run(
-        [sys.executable, str(runner), str(jobs_path), str(results_path)],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, f"batch runner failed:\n{proc.stderr[-3000:]}"
-    results = json.loads(results_path.read_text())
-    return {cid: Outcome(**results[cid], ctx=ctx, before=before) for cid, (ctx, before) in prepared.items()}
-
-
-def _check_case(case: Case, good: dict[str, str], tmp_path: Path, batched: dict[str, Outcome]) -> None:
-    if case.isolated:  # a real process of its own: it starts Ray, or it checks the real exit code
-        ctx, args, before = _prepare(case, good, tmp_path)
-        proc = _run(case.entry, args, cwd=tmp_path)
-        outcome = Outcome(proc.returncode, proc.stdout, proc.stderr, ctx, before)
-    else:
-        outcome = batched[case.id]
-    stderr = outcome.stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert outcome.returncode != 0, f"{case.id}: exit 0\nstdout:{outcome.stdout[-2000:]}\nstderr:{stderr[-2000:]}"
-    assert lines, f"{case.id}: empty stderr (rc={outcome.returncode})"
-    last = lines[-1]
-    assert "error" in last.lower(), f"{case.id}: last stderr line is not an error line: {stderr[-3000:]}"
-    assert "Traceback" not in stderr, f"{case.id}: traceback on stderr: {stderr[-3000:]}"
-    for text in case.expect:
-        assert text in last, f"{case.id}: {text!r} not in the last stderr line {last!r}"
-    assert _snapshot(outcome.ctx.prev) == outcome.before, f"{case.id}: files of the earlier run changed or were added"
+    """The outcomes of every non-isolated case, run together in one process (`run_batch`)."""
+    return run_batch(ALL_CASES, good, tmp_path_factory.mktemp)
 
 
 @pytest.mark.parametrize("case", SCRIPT_CASES, ids=lambda c: c.id)
 def test_script_bad_input(case: Case, good, tmp_path, batched):
-    _check_case(case, good, tmp_path, batched)
+    check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ main_ppo / SFT
@@ -342,11 +213,11 @@ def _drop_chat_template(model: Path) -> None:
 
 
 def _reward_file(ctx: Ctx) -> None:
-    _write(
+    write(
         ctx.inp / "reward.py",
         "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
     )
-    _write(ctx.inp / "broken.py", "import not_a_module_anywhere\n")
+    write(ctx.inp / "broken.py", "import not_a_module_anywhere\n")
 
 
 CHAT = [{"role": "user", "content": "hello"}]
@@ -464,7 +335,7 @@ def _empty_parquet(ctx: Ctx) -> None:
 
 @pytest.mark.parametrize("case", PPO_CASES, ids=lambda c: c.id)
 def test_main_ppo_bad_input(case: Case, good, tmp_path, batched):
-    _check_case(case, good, tmp_path, batched)
+    check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ more main_ppo cases
@@ -605,7 +476,7 @@ MORE_PPO_CASES = [
 
 @pytest.mark.parametrize("case", MORE_PPO_CASES, ids=lambda c: c.id)
 def test_main_ppo_more_bad_input(case: Case, good, tmp_path, batched):
-    _check_case(case, good, tmp_path, batched)
+    check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ model_merger
@@ -683,7 +554,7 @@ MERGER_CASES = [
 
 @pytest.mark.parametrize("case", MERGER_CASES, ids=lambda c: c.id)
 def test_model_merger_bad_input(case: Case, good, tmp_path, batched):
-    _check_case(case, good, tmp_path, batched)
+    check_case(case, good, tmp_path, batched)
 
 
 # ------------------------------------------------------------------------------------------ the SFT trainer
@@ -741,7 +612,7 @@ SFT_CASES = [
 
 @pytest.mark.parametrize("case", SFT_CASES, ids=lambda c: c.id)
 def test_sft_trainer_bad_input(case: Case, good, tmp_path, batched):
-    _check_case(case, good, tmp_path, batched)
+    check_case(case, good, tmp_path, batched)
 
 
 ALL_CASES = SCRIPT_CASES + PPO_CASES + MORE_PPO_CASES + MERGER_CASES + SFT_CASES

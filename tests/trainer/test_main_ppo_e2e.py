@@ -173,9 +173,12 @@ def test_ctrl_c_stops_workers_and_ray(tiny_model_dir, data_dir, tmp_path):
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(ray_tmp)}
     env.pop("RAY_ADDRESS", None)
+    # A job started in the background by a shell without job control inherits SIGINT as ignored, and Python then
+    # never raises KeyboardInterrupt; the child gets the default disposition so the test holds however pytest runs.
     proc = subprocess.Popen(
         [sys.executable, "-m", "verl.trainer.main_ppo", *args],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         for line in proc.stdout:  # wait until a training step has been logged

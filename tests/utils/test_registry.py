@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from verl.utils.registry import LazyRegistry
-from verl.workers.rollout import BaseRollout, get_rollout_class, register_rollout
+from verl.workers.rollout import ROLLOUT_REGISTRY, BaseRollout, get_rollout_class, register_rollout
 
 
 def test_builtin_is_imported_only_when_asked_for():
@@ -31,7 +31,9 @@ def test_unknown_and_duplicate_names_are_errors_naming_the_allowed_ones():
         register_rollout("hf")(BaseRollout)
 
 
-def test_registered_engine_is_returned():
+def test_registered_engine_is_returned(monkeypatch):
+    monkeypatch.setattr(ROLLOUT_REGISTRY, "_registered", {})  # the process-wide registry is left as it was
+
     @register_rollout("test_registry_engine")
     class MyEngine(BaseRollout):
         pass

@@ -169,6 +169,9 @@ def init_ray(config: DictConfig) -> None:
             log_to_driver=True,
             configure_logging=True,
             logging_level="WARNING",
+            # no idle worker pre-started for the driver (~80 MB): every worker of a run is an actor with its
+            # own runtime_env, which Ray starts in a process of its own anyway
+            _system_config={"prestart_worker_first_driver": False},
         )
 
 

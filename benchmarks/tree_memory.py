@@ -1,0 +1,78 @@
+"""Peak memory of a process tree, for the benchmark: RSS summed over processes, and PSS.
+
+Owns `TreeMemory` (a sampling thread) and `process_kind` (driver / workers / Ray's daemons). Summing RSS over
+processes counts every shared page (torch's libraries mapped by the driver and the worker, Ray's shared object
+store) once per process that maps it; PSS (proportional set size, from /proc/<pid>/smaps_rollup) splits each
+shared page among the processes that map it, so the sum of PSS over a tree is the physical memory the tree uses.
+For a single process the two differ only by pages shared with processes outside the tree. Both are reported.
+"""
+
+from __future__ import annotations
+
+import threading
+
+RAY_DAEMONS = ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env", "ray_client")
+
+
+def process_kind(is_root: bool, cmd: str) -> str:
+    """`driver` for the root, `ray daemons` for Ray's own processes and idle workers, else `workers`."""
+    if is_root:
+        return "driver"
+    if "ray::IDLE" in cmd or any(d in cmd for d in RAY_DAEMONS) or "ray::" not in cmd:
+        return "ray daemons"
+    return "workers"
+
+
+class TreeMemory:
+    """Samples RSS and PSS of a process and all its descendants every `interval` s; keeps the peaks.
+
+    `peak_mb` / `peak_pss_mb`: the whole tree. `peak_work_mb`: the driver and the processes doing the work, i.e.
+    the tree less Ray's own daemons (gcs_server, raylet, dashboard, log monitor) and idle pre-started workers.
+    `peak_by_kind`: RSS per process kind, each at its own peak.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        self.pid, self.interval = pid, interval
+        self.peak_mb = self.peak_work_mb = self.peak_pss_mb = 0.0
+        self.peak_by_kind: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self, procs) -> tuple[dict[str, float], float]:
+        import psutil
+
+        by_kind: dict[str, float] = {}
+        pss_total = 0.0
+        for proc in procs:
+            try:
+                full = proc.memory_full_info()
+                cmd = " ".join(proc.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            kind = process_kind(proc.pid == self.pid, cmd)
+            by_kind[kind] = by_kind.get(kind, 0.0) + full.rss / 2**20
+            pss_total += getattr(full, "pss", full.rss) / 2**20
+        return by_kind, pss_total
+
+    def _loop(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            by_kind, pss_total = self._sample(procs)
+            total = sum(by_kind.values())
+            work = by_kind.get("driver", 0.0) + by_kind.get("workers", 0.0)
+            self.peak_mb, self.peak_work_mb = max(self.peak_mb, total), max(self.peak_work_mb, work)
+            self.peak_pss_mb = max(self.peak_pss_mb, pss_total)
+            for kind, rss in by_kind.items():
+                self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0.0), rss)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
