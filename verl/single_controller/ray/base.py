@@ -45,7 +45,6 @@ from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
-WAIT_SLICE_S = 1.0  # longest a driver waits on a worker call without returning to Python
 
 
 def _require_ray() -> None:
@@ -223,12 +222,7 @@ class WorkerGroupFuture:
         pending = list(self._refs)
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            # wait in slices: the driver's Python code (and so a Ctrl-C's KeyboardInterrupt) runs at least every second
-            ready, pending = ray.wait(
-                pending, num_returns=1, timeout=WAIT_SLICE_S if remaining is None else min(remaining, WAIT_SLICE_S)
-            )
-            if not ready and (deadline is None or time.monotonic() < deadline):
-                continue
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             if not ready:
                 waiting = sorted(rank_of[ref] for ref in pending)
                 raise TimeoutError(

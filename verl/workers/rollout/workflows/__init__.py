@@ -60,11 +60,13 @@ def register_workflow(name: str):
 
 def get_workflow_class(name: str) -> type[RolloutWorkflow]:
     """The workflow class registered as `name`, or the class at the dotted path `name`."""
-    if name in WORKFLOW_REGISTRY or "." not in name:
-        try:
-            return WORKFLOW_REGISTRY.get(name)
-        except ValueError as err:
-            raise ValueError(f"{err} or a dotted path 'pkg.module:Class'") from None
+    if name in WORKFLOW_REGISTRY:
+        return WORKFLOW_REGISTRY.get(name)
+    if "." not in name:
+        raise ValueError(
+            f"unknown rollout workflow {name!r} (actor_rollout_ref.rollout.workflow); allowed: "
+            f"{WORKFLOW_REGISTRY.names()} or a dotted path 'pkg.module:Class'"
+        )
     try:
         cls = load_callable(name)
     except (ImportError, AttributeError, ValueError, FileNotFoundError) as err:
