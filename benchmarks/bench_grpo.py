@@ -98,6 +98,7 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours+dynamic_bsz": FAST + DYNAMIC_BSZ,
     "ours-workflow_null": FAST + ["actor_rollout_ref.rollout.workflow=null"],
     "ours-lora": FAST + ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"],
+    "ours-single_process": FAST + ["trainer.single_process=true"],  # the worker in the driver, no Ray
 }
 
 
@@ -504,19 +505,22 @@ def summarize(results: list[dict], warmup: int) -> dict[str, dict]:
 
 
 def ratios(summary: dict[str, dict]) -> dict[str, float]:
+    """The bars' ratios for "ours" and, when it ran, "ours-single_process" (the worker in the driver)."""
     out = {}
-    ours, trl, floor = summary.get("ours"), summary.get("trl"), summary.get("floor")
-    if ours and trl:
-        out["ours/trl step time"] = ours["step_s"] / trl["step_s"]
-        out["ours/trl peak RSS (work processes)"] = ours["peak_rss_work_mb"] / trl["peak_rss_mb"]
-        out["ours/trl peak RSS (all, Ray daemons too)"] = ours["peak_rss_mb"] / trl["peak_rss_mb"]
-        if ours["peak_pss_mb"] and trl["peak_pss_mb"]:
-            out["ours/trl peak PSS (all processes)"] = ours["peak_pss_mb"] / trl["peak_pss_mb"]
-    if ours and floor:
-        out["ours/floor step time"] = ours["step_s"] / floor["step_s"]
-        out["ours/floor generation tokens/s"] = ours["gen_tokens_per_s"] / floor["gen_tokens_per_s"]
-    if ours and ours.get("orchestration_share") is not None:
-        out["ours orchestration share"] = ours["orchestration_share"]
+    trl, floor = summary.get("trl"), summary.get("floor")
+    for name in ("ours", "ours-single_process"):
+        ours = summary.get(name)
+        if ours and trl:
+            out[f"{name}/trl step time"] = ours["step_s"] / trl["step_s"]
+            out[f"{name}/trl peak RSS (work processes)"] = ours["peak_rss_work_mb"] / trl["peak_rss_mb"]
+            out[f"{name}/trl peak RSS (all, Ray daemons too)"] = ours["peak_rss_mb"] / trl["peak_rss_mb"]
+            if ours["peak_pss_mb"] and trl["peak_pss_mb"]:
+                out[f"{name}/trl peak PSS (all processes)"] = ours["peak_pss_mb"] / trl["peak_pss_mb"]
+        if ours and floor:
+            out[f"{name}/floor step time"] = ours["step_s"] / floor["step_s"]
+            out[f"{name}/floor generation tokens/s"] = ours["gen_tokens_per_s"] / floor["gen_tokens_per_s"]
+        if ours and ours.get("orchestration_share") is not None:
+            out[f"{name} orchestration share"] = ours["orchestration_share"]
     return out
 
 
@@ -541,7 +545,7 @@ def print_table(summary: dict[str, dict], ratio: dict[str, float]) -> None:
             print(f"  {name} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in e["phases_s"].items()))
     print()
     for key, value in ratio.items():
-        print(f"{key:<45}{value:.3f}")
+        print(f"{key:<58}{value:.3f}")
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

@@ -1,11 +1,13 @@
 """The single controller: one driver process drives groups of worker processes (verl's programming model).
 
 `Worker` + `@register(dispatch_mode=...)` define what a worker group can be asked to do; `RayResourcePool`,
-`RayClassWithInitArgs`, `RayWorkerGroup` and `create_colocated_worker_cls` run the workers as Ray actors.
+`RayClassWithInitArgs`, `RayWorkerGroup` and `create_colocated_worker_cls` run the workers as Ray actors;
+`LocalWorkerGroup` runs a one-process group's worker inside the driver, without Ray.
 Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
 """
 
 from verl.single_controller.base import Dispatch, Execute, Worker, register
+from verl.single_controller.local import LocalWorkerGroup
 from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -18,6 +20,7 @@ from verl.single_controller.ray import (
 __all__ = [
     "Dispatch",
     "Execute",
+    "LocalWorkerGroup",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",

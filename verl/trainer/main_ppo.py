@@ -152,6 +152,30 @@ def _check_custom_reward(config: DictConfig) -> None:
         raise ValueError(str(err)) from err
 
 
+def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) -> None:
+    """trainer.single_process=true runs one worker inside this process: refuse what needs more."""
+    if not config.trainer.get("single_process", False):
+        return
+    n_proc = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    if n_proc != 1:
+        raise ValueError(
+            f"trainer.single_process=true runs one worker in this process, but trainer.nnodes * "
+            f"trainer.n_gpus_per_node = {n_proc}; set both to 1 or trainer.single_process=false (Ray)"
+        )
+    if rollout_pool:
+        raise ValueError(
+            "trainer.single_process=true cannot run trainer.rollout_mode=async (the rollout group is a process "
+            "of its own); use trainer.rollout_mode=sync or trainer.single_process=false"
+        )
+    if domain_setup is not None:
+        raise ValueError(
+            "trainer.single_process=true cannot run data.domains (its reward workers are Ray actors); "
+            "use trainer.single_process=false"
+        )
+    if os.environ.get("RAY_ADDRESS"):
+        print("warning: trainer.single_process=true ignores RAY_ADDRESS: the run does not use Ray", file=sys.stderr)
+
+
 def init_ray(config: DictConfig) -> None:
     import ray
 
@@ -180,6 +204,7 @@ def build_trainer(config: DictConfig):
     import ray
     import torch
 
+    from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
     from verl.trainer.ppo import async_rollout
     from verl.trainer.ppo.domains import build_domain_datasets
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
@@ -217,6 +242,8 @@ def build_trainer(config: DictConfig):
     rollout_pool = async_rollout.rollout_pool_spec(config)  # trainer.rollout_mode=async: the rollout's own processes
     if rollout_pool:
         mapping[Role.Rollout] = "rollout_pool"
+    single_process = bool(config.trainer.get("single_process", False))
+    _check_single_process(config, domain_setup, rollout_pool)
     pool_manager = ResourcePoolManager(
         resource_pool_spec={"global_pool": [n_proc] * nnodes, **rollout_pool},
         mapping=mapping,
@@ -233,9 +260,14 @@ def build_trainer(config: DictConfig):
         train_dataset=train_dataset,
         val_dataset=val_dataset,
         collate_fn=collate_fn,
+        ray_worker_group_cls=LocalWorkerGroup if single_process else RayWorkerGroup,
     )
-    init_ray(config)
     cpus_per_worker = config.trainer.get("cpus_per_worker")
+    if single_process:  # the worker runs here: all the CPUs this process may use (or ray_init.num_cpus)
+        num_cpus = config.trainer.get("ray_init", {}).get("num_cpus")
+        cpus_per_worker = cpus_per_worker or num_cpus or len(os.sched_getaffinity(0))
+    else:
+        init_ray(config)
     if cpus_per_worker is None:
         cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // pool_manager.get_n_processes())
     pool_manager.cpus_per_process = int(cpus_per_worker)
@@ -251,14 +283,18 @@ def build_trainer(config: DictConfig):
 
 
 def run_ppo(config: DictConfig) -> dict:
-    """Run one training job in this process (starts Ray if needed, shuts it down at the end)."""
+    """Run one training job in this process (starts Ray if needed, shuts it down at the end; with
+    trainer.single_process=true the worker runs in this process and Ray is not used)."""
     import ray
+
+    from verl.single_controller.local import close_local_worker_groups
 
     started_here = not ray.is_initialized()
     try:
         trainer = build_trainer(config)
         return trainer.fit()
     finally:
+        close_local_worker_groups()  # trainer.single_process: the in-process worker's process group
         if started_here and ray.is_initialized():
             ray.shutdown()
 

@@ -309,6 +309,8 @@ class RayWorkerGroup:
     driver. For a fused class (`create_colocated_worker_cls`) use `spawn` to get one handle per role.
     """
 
+    requires_ray = True  # the trainer checks Ray's resources before creating groups of this class
+
     def __init__(
         self,
         resource_pool: RayResourcePool,

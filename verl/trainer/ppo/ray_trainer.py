@@ -165,7 +165,8 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Create the resource pools, fuse the roles of each pool into one Ray actor per process, and
         initialise the models."""
-        self.resource_pool_manager.check_resource_available()
+        if getattr(self.ray_worker_group_cls, "requires_ray", True):
+            self.resource_pool_manager.check_resource_available()
         self.resource_pool_manager.create_resource_pool()
         pool_to_classes: dict[RayResourcePool, dict[str, RayClassWithInitArgs]] = {}
         role_name = async_rollout.actor_role(self.config, self.use_reference_policy)

@@ -1,0 +1,183 @@
+"""Worker groups without Ray: the one worker of a one-process pool runs inside the driver process.
+
+Owns `LocalWorkerGroup`, the drop-in for `RayWorkerGroup` that `trainer.single_process=true` uses. A
+laptop run has one worker process anyway; running it in the driver saves the second copy of torch and
+transformers in memory, Ray's daemons (gcs, raylet, dashboard, agents, monitors: ~500-700 MB resident) and
+Ray's start-up (~10 s), and passes batches by reference instead of through the object store.
+
+The group behaves like a `RayWorkerGroup` of world size 1: the same `@register`ed methods with the same
+dispatch and collect (`verl.single_controller.base.decorator`), `spawn` for fused roles
+(`create_colocated_worker_cls`), futures for `blocking=False` methods (already done when returned: the call
+runs at once), and the worker's own exception raised as is. The worker sees RANK=0, WORLD_SIZE=1,
+MASTER_ADDR/MASTER_PORT (127.0.0.1 and a free port) and VERL_NUM_THREADS in `os.environ`, as a Ray actor
+would; `close()` destroys its torch.distributed group and restores those variables.
+
+What a single process cannot do: more than one worker (several ranks, nodes or GPUs), a separate rollout
+group (`trainer.rollout_mode=async`), and reward actors (`data.domains`); the trainer refuses those.
+Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from verl.single_controller.base.decorator import RegisterAttrs, collect_outputs, dispatch_calls, runs_on_rank_zero_only
+from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, get_free_port
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, _registered_methods
+
+__all__ = ["DoneFuture", "LocalWorkerGroup", "close_local_worker_groups"]
+
+_OPEN_GROUPS: list[LocalWorkerGroup] = []  # groups built in this process and not closed yet
+
+
+def close_local_worker_groups() -> None:
+    """Close every `LocalWorkerGroup` of this process that is still open (the trainer's teardown, also
+    after a failed start)."""
+    while _OPEN_GROUPS:
+        _OPEN_GROUPS.pop().close()
+
+
+class DoneFuture:
+    """The result of a `blocking=False` call on a `LocalWorkerGroup`: the call has already run."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def done(self) -> bool:
+        return True
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        return self._result
+
+
+class LocalWorkerGroup:
+    """The worker of a one-process `resource_pool`, built in this process; see the module doc.
+
+    Takes the arguments of `RayWorkerGroup` (`name_prefix`, `bin_pack`, `detached`, `call_timeout_s` are
+    accepted and have nothing to do here: a call runs to its end in this process)."""
+
+    requires_ray = False  # the trainer skips its check of Ray's resources for this group class
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs,
+        name_prefix: str | None = None,
+        **_ray_options: Any,
+    ) -> None:
+        if resource_pool.world_size != 1:
+            raise ValueError(
+                f"a single-process worker group runs exactly one worker, but the resource pool has "
+                f"{resource_pool.process_on_nodes} processes per node; use Ray (trainer.single_process=false) "
+                "for more than one worker"
+            )
+        user_cls = ray_cls_with_init.user_cls
+        if not (isinstance(user_cls, type) and issubclass(user_cls, Worker)):
+            raise TypeError(f"a worker group needs a subclass of verl Worker, got {user_cls!r}")
+        self.resource_pool = resource_pool
+        self.name_prefix = name_prefix or "local"
+        self.role: str | None = None
+        self._user_cls = user_cls
+        env = {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "RAY_LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(get_free_port()),
+            NUM_THREADS_ENV: str(resource_pool.num_threads_per_process()),
+        }
+        self._saved_env = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            self._worker = user_cls(*ray_cls_with_init.args, **ray_cls_with_init.kwargs)
+        except BaseException:
+            self._restore_env()
+            raise
+        self._closed = False
+        _OPEN_GROUPS.append(self)
+        self._bind_methods(user_cls, method_prefix="")
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def workers(self) -> list[Worker]:
+        """The worker object itself (a list of one, in rank order as for `RayWorkerGroup.workers`)."""
+        return [self._worker]
+
+    @property
+    def label(self) -> str:
+        return f"role '{self.role}' (in-process)" if self.role is not None else "in-process worker group"
+
+    # ------------------------------------------------------------------------------ calling methods
+    def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
+        for name, attrs in _registered_methods(user_cls).items():
+            if hasattr(type(self), name):
+                raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")
+            setattr(self, name, self._make_group_method(name, method_prefix + name, attrs))
+
+    def _make_group_method(self, name: str, worker_method: str, attrs: RegisterAttrs) -> Callable:
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            result = self._call(worker_method, attrs, args, kwargs)
+            return result if attrs.blocking else DoneFuture(result)
+
+        group_method.__name__ = name
+        group_method.__qualname__ = f"{type(self).__name__}.{name}"
+        return group_method
+
+    def _call(self, worker_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> Any:
+        # the same split as on Ray (a DataProto argument arrives as a new DataProto sharing the tensors), so a
+        # worker that adds or pops keys does not change the driver's batch
+        calls = dispatch_calls(attrs.dispatch_mode, 1, args, kwargs)
+        output = getattr(self._worker, worker_method)(*calls.args[0], **calls.kwargs[0])
+        return output if runs_on_rank_zero_only(attrs) else collect_outputs(attrs.dispatch_mode, [output], calls)
+
+    # ------------------------------------------------------------------------------------ fused roles
+    def spawn(self, prefix_set: Iterable[str]) -> dict[str, LocalWorkerGroup]:
+        """One handle per fused role, sharing this group's worker (as `RayWorkerGroup.spawn`)."""
+        roles: dict[str, type] | None = getattr(self._user_cls, "fused_roles", None)
+        if roles is None:
+            raise ValueError(
+                f"spawn needs a group of a class made by create_colocated_worker_cls, got {self._user_cls.__name__}"
+            )
+        handles = {}
+        for role in prefix_set:
+            if role not in roles:
+                raise ValueError(f"unknown role {role!r}; this group's fused roles are {sorted(roles)}")
+            handle = object.__new__(type(self))
+            handle.resource_pool = self.resource_pool
+            handle.name_prefix = self.name_prefix
+            handle.role = role
+            handle._user_cls = roles[role]
+            handle._worker = self._worker
+            handle._owner = self
+            handle._bind_methods(roles[role], method_prefix=f"{role}_")
+            handles[role] = handle
+        return handles
+
+    # ------------------------------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Destroy the worker's torch.distributed group (if it made one) and restore the environment
+        variables the group set. Idempotent; a spawned role handle closes the group it came from."""
+        owner = getattr(self, "_owner", self)
+        if owner._closed:
+            return
+        owner._closed = True
+        if owner in _OPEN_GROUPS:
+            _OPEN_GROUPS.remove(owner)
+        from verl.utils.fsdp_utils import destroy_distributed
+
+        destroy_distributed()
+        owner._restore_env()
+
+    def _restore_env(self) -> None:
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
