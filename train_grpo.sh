@@ -17,7 +17,7 @@ if [ "$EMBEDDED" = 1 ]; then
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
     actor_rollout_ref.actor.optim.lr=3e-4 actor_rollout_ref.actor.use_kl_loss=false
-    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.entropy_coeff=-0.03
     actor_rollout_ref.rollout.calculate_log_probs=true actor_rollout_ref.actor.recompute_old_log_prob=false
     actor_rollout_ref.model.share_prompt_prefix=true
     actor_rollout_ref.rollout.val_kwargs.n=4 actor_rollout_ref.rollout.val_kwargs.do_sample=true
