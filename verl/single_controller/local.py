@@ -23,9 +23,15 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verl.single_controller.base.decorator import RegisterAttrs, collect_outputs, dispatch_calls, runs_on_rank_zero_only
+from verl.single_controller.base.decorator import (
+    RegisterAttrs,
+    collect_outputs,
+    dispatch_calls,
+    registered_methods,
+    runs_on_rank_zero_only,
+)
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, get_free_port
-from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, _registered_methods
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
 
 __all__ = ["DoneFuture", "LocalWorkerGroup", "close_local_worker_groups"]
 
@@ -116,7 +122,7 @@ class LocalWorkerGroup:
 
     # ------------------------------------------------------------------------------ calling methods
     def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
-        for name, attrs in _registered_methods(user_cls).items():
+        for name, attrs in registered_methods(user_cls).items():
             if hasattr(type(self), name):
                 raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")
             setattr(self, name, self._make_group_method(name, method_prefix + name, attrs))

@@ -105,6 +105,18 @@ def get_register_attrs(func: Any) -> RegisterAttrs | None:
     return attrs if isinstance(attrs, RegisterAttrs) else None
 
 
+def registered_methods(cls: type) -> dict[str, RegisterAttrs]:
+    """`{name: register settings}` of the `@register`ed methods of `cls` (inherited ones included)."""
+    methods = {}
+    for name in dir(cls):
+        if name.startswith("__"):
+            continue
+        attrs = get_register_attrs(getattr(cls, name, None))
+        if attrs is not None:
+            methods[name] = attrs
+    return methods
+
+
 def runs_on_rank_zero_only(attrs: RegisterAttrs) -> bool:
     """True when only rank 0 runs the method (`Dispatch.RANK_ZERO` or `Execute.RANK_ZERO`)."""
     return attrs.dispatch_mode is Dispatch.RANK_ZERO or attrs.execute_mode is Execute.RANK_ZERO

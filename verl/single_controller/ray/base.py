@@ -37,8 +37,8 @@ from verl.single_controller.base.decorator import (
     RegisterAttrs,
     collect_outputs,
     dispatch_calls,
-    get_register_attrs,
     register,
+    registered_methods,
     runs_on_rank_zero_only,
 )
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
@@ -284,18 +284,6 @@ def put_shared_arguments(
     return args, kwargs
 
 
-def _registered_methods(cls: type) -> dict[str, RegisterAttrs]:
-    """`{name: register settings}` of the `@register`ed methods of `cls` (inherited ones included)."""
-    methods = {}
-    for name in dir(cls):
-        if name.startswith("__"):
-            continue
-        attrs = get_register_attrs(getattr(cls, name, None))
-        if attrs is not None:
-            methods[name] = attrs
-    return methods
-
-
 class RayWorkerGroup:
     """One Ray actor of `ray_cls_with_init` per bundle of `resource_pool`, driven as one object.
 
@@ -399,7 +387,7 @@ class RayWorkerGroup:
     def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
         """Expose each registered method `name` of `user_cls` as `self.name`, calling the actors'
         `method_prefix + name`."""
-        for name, attrs in _registered_methods(user_cls).items():
+        for name, attrs in registered_methods(user_cls).items():
             if hasattr(type(self), name):
                 raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")
             setattr(self, name, self._make_group_method(name, method_prefix + name, attrs))
@@ -514,7 +502,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
             }
 
     for role, user_cls in roles.items():
-        for name, attrs in _registered_methods(user_cls).items():
+        for name, attrs in registered_methods(user_cls).items():
             method = _forward_to_role(role, name)
             register(attrs.dispatch_mode, attrs.execute_mode, attrs.blocking)(method)
             setattr(FusedWorker, method.__name__, method)
