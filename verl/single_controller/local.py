@@ -20,17 +20,16 @@ Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from verl.single_controller.base.decorator import (
     RegisterAttrs,
     collect_outputs,
     dispatch_calls,
-    registered_methods,
     runs_on_rank_zero_only,
 )
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, get_free_port
+from verl.single_controller.base.worker_group import WorkerGroup
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
 
 __all__ = ["DoneFuture", "LocalWorkerGroup", "close_local_worker_groups"]
@@ -58,7 +57,7 @@ class DoneFuture:
         return self._result
 
 
-class LocalWorkerGroup:
+class LocalWorkerGroup(WorkerGroup):
     """The worker of a one-process `resource_pool`, built in this process; see the module doc.
 
     Takes the arguments of `RayWorkerGroup` (`name_prefix`, `bin_pack`, `detached`, `call_timeout_s` are
@@ -121,50 +120,20 @@ class LocalWorkerGroup:
         return f"role '{self.role}' (in-process)" if self.role is not None else "in-process worker group"
 
     # ------------------------------------------------------------------------------ calling methods
-    def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
-        for name, attrs in registered_methods(user_cls).items():
-            if hasattr(type(self), name):
-                raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")
-            setattr(self, name, self._make_group_method(name, method_prefix + name, attrs))
-
-    def _make_group_method(self, name: str, worker_method: str, attrs: RegisterAttrs) -> Callable:
-        def group_method(*args: Any, **kwargs: Any) -> Any:
-            result = self._call(worker_method, attrs, args, kwargs)
-            return result if attrs.blocking else DoneFuture(result)
-
-        group_method.__name__ = name
-        group_method.__qualname__ = f"{type(self).__name__}.{name}"
-        return group_method
-
-    def _call(self, worker_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> Any:
+    def _call(self, name: str, worker_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> DoneFuture:
         # the same split as on Ray (a DataProto argument arrives as a new DataProto sharing the tensors), so a
         # worker that adds or pops keys does not change the driver's batch
         calls = dispatch_calls(attrs.dispatch_mode, 1, args, kwargs)
         output = getattr(self._worker, worker_method)(*calls.args[0], **calls.kwargs[0])
-        return output if runs_on_rank_zero_only(attrs) else collect_outputs(attrs.dispatch_mode, [output], calls)
+        return DoneFuture(
+            output if runs_on_rank_zero_only(attrs) else collect_outputs(attrs.dispatch_mode, [output], calls)
+        )
 
-    # ------------------------------------------------------------------------------------ fused roles
-    def spawn(self, prefix_set: Iterable[str]) -> dict[str, LocalWorkerGroup]:
-        """One handle per fused role, sharing this group's worker (as `RayWorkerGroup.spawn`)."""
-        roles: dict[str, type] | None = getattr(self._user_cls, "fused_roles", None)
-        if roles is None:
-            raise ValueError(
-                f"spawn needs a group of a class made by create_colocated_worker_cls, got {self._user_cls.__name__}"
-            )
-        handles = {}
-        for role in prefix_set:
-            if role not in roles:
-                raise ValueError(f"unknown role {role!r}; this group's fused roles are {sorted(roles)}")
-            handle = object.__new__(type(self))
-            handle.resource_pool = self.resource_pool
-            handle.name_prefix = self.name_prefix
-            handle.role = role
-            handle._user_cls = roles[role]
-            handle._worker = self._worker
-            handle._owner = self
-            handle._bind_methods(roles[role], method_prefix=f"{role}_")
-            handles[role] = handle
-        return handles
+    def _share_with(self, handle: LocalWorkerGroup) -> None:
+        handle.resource_pool = self.resource_pool
+        handle.name_prefix = self.name_prefix
+        handle._worker = self._worker
+        handle._owner = self  # a role handle closes the group it came from
 
     # ------------------------------------------------------------------------------------------ closing
     def close(self) -> None:

@@ -25,7 +25,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -42,6 +42,7 @@ from verl.single_controller.base.decorator import (
     runs_on_rank_zero_only,
 )
 from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
+from verl.single_controller.base.worker_group import WorkerGroup
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
@@ -284,7 +285,7 @@ def put_shared_arguments(
     return args, kwargs
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroup):
     """One Ray actor of `ray_cls_with_init` per bundle of `resource_pool`, driven as one object.
 
     Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
@@ -384,23 +385,6 @@ class RayWorkerGroup:
                 rank += 1
 
     # ------------------------------------------------------------------------------ calling methods
-    def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
-        """Expose each registered method `name` of `user_cls` as `self.name`, calling the actors'
-        `method_prefix + name`."""
-        for name, attrs in registered_methods(user_cls).items():
-            if hasattr(type(self), name):
-                raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")
-            setattr(self, name, self._make_group_method(name, method_prefix + name, attrs))
-
-    def _make_group_method(self, name: str, actor_method: str, attrs: RegisterAttrs) -> Callable:
-        def group_method(*args: Any, **kwargs: Any) -> Any:
-            future = self._call(name, actor_method, attrs, args, kwargs)
-            return future.get() if attrs.blocking else future
-
-        group_method.__name__ = name
-        group_method.__qualname__ = f"{type(self).__name__}.{name}"
-        return group_method
-
     def _call(self, name: str, actor_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> WorkerGroupFuture:
         calls = dispatch_calls(attrs.dispatch_mode, self.world_size, args, kwargs)
         rank_zero_only = runs_on_rank_zero_only(attrs)
@@ -413,29 +397,11 @@ class RayWorkerGroup:
 
         return WorkerGroupFuture(refs, ranks, finish, name, self.label, self.call_timeout_s)
 
-    # ------------------------------------------------------------------------------------ fused roles
-    def spawn(self, prefix_set: Iterable[str]) -> dict[str, RayWorkerGroup]:
-        """One group handle per fused role, sharing this group's actors: `handles[role].method(...)` calls
-        the role's own `method` in the fused processes."""
-        roles: dict[str, type] | None = getattr(self._user_cls, "fused_roles", None)
-        if roles is None:
-            raise ValueError(
-                f"spawn needs a group of a class made by create_colocated_worker_cls, got {self._user_cls.__name__}"
-            )
-        handles = {}
-        for role in prefix_set:
-            if role not in roles:
-                raise ValueError(f"unknown role {role!r}; this group's fused roles are {sorted(roles)}")
-            handle = object.__new__(type(self))
-            handle.resource_pool = self.resource_pool
-            handle.name_prefix = self.name_prefix
-            handle.role = role
-            handle.call_timeout_s = self.call_timeout_s
-            handle._user_cls = roles[role]
-            handle._workers = self._workers
-            handle._bind_methods(roles[role], method_prefix=f"{role}_")
-            handles[role] = handle
-        return handles
+    def _share_with(self, handle: RayWorkerGroup) -> None:
+        handle.resource_pool = self.resource_pool
+        handle.name_prefix = self.name_prefix
+        handle.call_timeout_s = self.call_timeout_s
+        handle._workers = self._workers
 
 
 # ------------------------------------------------------------------------------------------ colocation
