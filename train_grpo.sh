@@ -13,6 +13,7 @@ resolve_model_and_data
 DEFAULTS=()
 if [ "$EMBEDDED" = 1 ]; then
   DEFAULTS=(
+    "${CPU_JOB[@]}"
     data.max_prompt_length=384 data.max_response_length=100 data.train_batch_size=8
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64

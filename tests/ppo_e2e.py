@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file
 
+from tests.cpu_overrides import CPU_OVERRIDES
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
 RUN_TAG_ENV = "VERL_TEST_RUN_TAG"  # set in a run's environment; every process it starts inherits it
@@ -71,7 +72,7 @@ def run_env(tag: str | None = None, **extra: str) -> dict[str, str]:
 def run_ppo(args: list[str], cwd: Path, check: bool = True, timeout: float = 300, **env: str):
     """Run main_ppo to the end; with `check`, fail the test (showing stderr) unless it exits 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, *args],
         cwd=cwd,
         env=run_env(**env),
         capture_output=True,
@@ -87,7 +88,7 @@ def start_ppo(args: list[str], cwd: Path, tag: str, log: Path, **env: str) -> su
     """Start main_ppo in the background (its own session), output to `log`; `tag` marks all its processes."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+            [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, *args],
             cwd=cwd,
             env=run_env(tag, **env),
             stdout=out,

@@ -29,12 +29,15 @@ def test_from_dict_converts_lists_to_object_arrays_and_keeps_dicts_per_row():
     rm = data.non_tensor_batch["reward_model"]
     assert isinstance(rm, np.ndarray) and rm.dtype == object and rm.shape == (3,)
     assert rm[2] == {"ground_truth": 2}
-    # equal-length inner lists stay one element per row (np.array would make a (2, 2) array)
+    # from_dict converts a list like verl (np.array(..., dtype=object)): equal-length inner lists give a 2-D array;
+    # the constructor keeps one element per row
     nested = DataProto.from_dict(non_tensors={"x": [[1, 2], [3, 4]]})
-    assert nested.non_tensor_batch["x"].shape == (2,) and nested.non_tensor_batch["x"][1] == [3, 4]
+    assert nested.non_tensor_batch["x"].shape == (2, 2) and list(nested.non_tensor_batch["x"][1]) == [3, 4]
     assert nested.batch is None and len(nested) == 2
+    per_row = DataProto(non_tensor_batch={"x": [[1, 2], [3, 4]]})
+    assert per_row.non_tensor_batch["x"].shape == (2,) and per_row.non_tensor_batch["x"][1] == [3, 4]
     numeric = DataProto.from_dict(non_tensors={"index": np.array([5, 6])})
-    assert numeric.non_tensor_batch["index"].dtype == object
+    assert numeric.non_tensor_batch["index"].dtype == np.array([5, 6]).dtype  # arrays are kept as they are
 
 
 def test_from_single_dict_splits_by_type():
@@ -49,7 +52,7 @@ def test_from_single_dict_splits_by_type():
 
 
 def test_inconsistent_lengths_raise_naming_keys_and_sizes():
-    with pytest.raises(ValueError, match=r"'a': 2.*'b': 3"):
+    with pytest.raises(ValueError, match=r"'a': \[2\].*'b': \[3\]"):
         DataProto.from_dict(tensors={"a": torch.zeros(2), "b": torch.zeros(3)})
     with pytest.raises(ValueError, match=r"'batch': 2.*'uid': 3"):
         DataProto.from_dict(tensors={"a": torch.zeros(2)}, non_tensors={"uid": ["x", "y", "z"]})
@@ -146,13 +149,14 @@ def test_union_merges_and_rejects_conflicts():
     assert data.batch["values"].tolist() == [0.5, 0.25]
     assert sorted(data.non_tensor_batch) == ["extra", "reward_model", "uid"] and data.meta_info["step"] == 3
 
-    with pytest.raises(ValueError, match="batch key 'score' differs"):
+    # conflicts raise AssertionError, as in verl
+    with pytest.raises(AssertionError, match="score in tensor_dict1 and tensor_dict2 are not the same"):
         make_data(2).union(DataProto.from_dict(tensors={"score": torch.tensor([9.0, 9.0])}))
-    with pytest.raises(ValueError, match="non_tensor_batch key 'uid' differs"):
+    with pytest.raises(AssertionError, match="`uid` in tensor_dict1 and tensor_dict2 are not the same"):
         make_data(2).union(DataProto.from_dict(non_tensors={"uid": ["a", "b"]}))
-    with pytest.raises(ValueError, match="meta_info key 'temperature' differs"):
+    with pytest.raises(AssertionError, match="temperature in meta_dict1 and meta_dict2 are not the same"):
         make_data(2).union(DataProto(meta_info={"temperature": 0.5}))
-    with pytest.raises(ValueError, match=r"sizes \[2\] and \[3\]"):
+    with pytest.raises(AssertionError, match=r"identical batch size. Got torch.Size\(\[2\]\) and torch.Size\(\[3\]\)"):
         make_data(2).union(make_data(3))
 
 
@@ -167,13 +171,17 @@ def test_concat_rows_and_merge_metrics():
     a, b = make_data(2), make_data(3)
     a.meta_info["metrics"] = {"actor/pg_loss": [0.1, 0.2], "actor/lr": 1e-3}
     b.meta_info["metrics"] = {"actor/pg_loss": [0.3], "actor/lr": 1e-3}
-    b.meta_info["temperature"] = 7.0
+    b.meta_info["step"] = 7
     out = DataProto.concat([a, b])
     assert len(out) == 5
     assert out.batch["score"].tolist() == [0.0, 1.0, 0.0, 1.0, 2.0]
     assert list(out.non_tensor_batch["uid"]) == ["g0", "g0", "g0", "g0", "g1"]
-    assert out.meta_info["temperature"] == 1.0  # first item's meta_info
-    assert out.meta_info["metrics"] == {"actor/pg_loss": [0.1, 0.2, 0.3], "actor/lr": [1e-3, 1e-3]}
+    assert out.meta_info["temperature"] == 1.0 and out.meta_info["step"] == 7  # keys of every item
+    # one entry per item's metrics dict, as verl (a list value stays one entry)
+    assert out.meta_info["metrics"] == {"actor/pg_loss": [[0.1, 0.2], [0.3]], "actor/lr": [1e-3, 1e-3]}
+    b.meta_info["temperature"] = 7.0
+    with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'temperature'"):
+        DataProto.concat([a, b])
     assert a.meta_info["metrics"] == {"actor/pg_loss": [0.1, 0.2], "actor/lr": 1e-3}  # inputs untouched
 
 
@@ -190,8 +198,13 @@ def test_chunk_equal_parts_and_divisibility_error():
     parts = make_data(6).chunk(3)
     assert [p.batch["score"].tolist() for p in parts] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     assert list(parts[2].non_tensor_batch["uid"]) == ["g2", "g2"]
-    with pytest.raises(ValueError, match="length 5 cannot be chunked into 2"):
+    with pytest.raises(ValueError, match="size of DataProto 5 and chunk 2"):
         make_data(5).chunk(2)
+    with pytest.raises(AssertionError):  # verl's exception type
+        make_data(5).chunk(2)
+    # with auto padding enabled, unequal parts are allowed (verl's DataProtoConfig.auto_padding)
+    padded = DataProto.from_dict(tensors={"x": torch.arange(5)}, auto_padding=True)
+    assert [p.batch["x"].tolist() for p in padded.chunk(2)] == [[0, 1, 2], [3, 4]]
 
 
 def test_split_last_piece_smaller():
@@ -303,3 +316,48 @@ def test_batch_must_be_tensordict():
     with pytest.raises(TypeError, match="TensorDict or None, got dict"):
         DataProto(batch={"x": torch.zeros(2)})
     assert len(DataProto(batch=TensorDict({"x": torch.zeros(2)}, batch_size=[2]))) == 2
+
+
+# ---------------------------------------------------------------- verl 0.9.1 API additions
+def test_fold_unfold_and_column_chunks():
+    from verl.protocol import fold_batch_dim, unfold_batch_dim
+
+    data = make_data(4)
+    folded = fold_batch_dim(data.select(batch_keys=["score"], non_tensor_batch_keys=["uid"]), new_batch_size=2)
+    assert folded.batch["score"].tolist() == [[0.0, 1.0], [2.0, 3.0]] and folded.non_tensor_batch["uid"].shape == (2, 2)
+    back = unfold_batch_dim(folded, batch_dims=2)
+    assert back.batch["score"].tolist() == [0.0, 1.0, 2.0, 3.0] and list(back.non_tensor_batch["uid"]) == [
+        "g0",
+        "g0",
+        "g1",
+        "g1",
+    ]
+    wide = DataProto.from_dict(tensors={"a": torch.tensor([[1, 2], [3, 4]]), "b": torch.tensor([7, 8])})
+    unfolded = wide.unfold_column_chunks(2, split_keys=["a"])
+    assert unfolded.batch["a"].tolist() == [[1], [2], [3], [4]] and unfolded.batch["b"].tolist() == [7, 7, 8, 8]
+    assert make_data(3).sample_level_repeat([2, 0, 1]).batch["score"].tolist() == [0.0, 0.0, 2.0]
+
+
+def test_tensordict_round_trip_and_numpy_pickling(monkeypatch):
+    data = make_data(2)
+    td = data.to_tensordict()
+    back = DataProto.from_tensordict(td)
+    assert_same(data, back)
+    monkeypatch.setenv("VERL_DATAPROTO_SERIALIZATION_METHOD", "numpy")
+    assert_same(data, pickle.loads(pickle.dumps(data)))
+
+
+def test_make_iterator_is_seeded_and_padding_helpers():
+    from verl.protocol import PADDING_ROWS_KEY, real_row_mask
+
+    data = make_data(4)
+    kwargs = {"mini_batch_size": 2, "epochs": 1, "seed": 3, "dataloader_kwargs": {"shuffle": True}}
+    first = [b.batch["score"].tolist() for b in data.make_iterator(**kwargs)]
+    assert first == [b.batch["score"].tolist() for b in data.make_iterator(**kwargs)]
+    assert sorted(sum(first, [])) == [0.0, 1.0, 2.0, 3.0]
+    data.meta_info[PADDING_ROWS_KEY] = 1
+    assert real_row_mask(data).tolist() == [True, True, True, False]
+    grown = make_data(2)
+    grown.padding(2, padding_candidate="first")
+    assert grown.batch["score"].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert "batch" in data.get_data_info() and "temperature: float" in data.get_data_info()

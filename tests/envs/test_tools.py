@@ -125,3 +125,17 @@ def test_every_failure_is_an_observation():
 
 def test_observation_format():
     assert format_observations(["a", "b" * 10], max_chars=4) == "\n<obs> a </obs>\n<obs> bbbb...(truncated) </obs>\n"
+
+
+def test_tool_call_format_by_name():
+    """`rollout.multi_turn.format` (verl's key, default hermes) picks the parser and the stop string."""
+    from verl.envs.tools import get_tool_call_format
+
+    hermes = get_tool_call_format("hermes")
+    assert get_tool_call_format(None) is hermes and hermes.stop == "</tool_call>"
+    text = 'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert hermes.parse(text) == parse_tool_calls(text) and hermes.parse(text)[0].name == "add"
+    with pytest.raises(
+        ValueError, match=r"multi_turn.format='gpt-oss' is not a known tool-call format; known: \['hermes'\]"
+    ):
+        get_tool_call_format("gpt-oss")

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.cpu_overrides import CPU_OVERRIDES
+
 REPO = Path(__file__).resolve().parents[2]
 RLLA = str(REPO / "dataset" / "rlla_4k_raw" / "rlla.py")
 GSM8K = str(REPO / "examples" / "data_preprocess" / "gsm8k.py")
@@ -84,6 +86,8 @@ def _env() -> dict[str, str]:
 def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     point = ENTRY_POINTS[entry]
     command = [sys.executable, point["script"]] if "script" in point else [sys.executable, "-m", point["module"]]
+    if entry == "ppo":  # the project's small-CPU settings first; the case's own arguments win
+        args = [*CPU_OVERRIDES, *args]
     return subprocess.run(command + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=180)
 
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import verl
+from tests.cpu_overrides import cpu_config
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -71,7 +72,7 @@ def first_run(ray_session, tiny_model_dir, data_dir, tmp_path_factory):
     from verl.trainer.main_ppo import build_trainer
 
     run_dir = tmp_path_factory.mktemp("async_run") / "run"
-    cfg = OmegaConf.load(CONFIG_YAML)
+    cfg = cpu_config()
     OmegaConf.set_struct(cfg, True)  # an unknown key (e.g. a misspelt async key) raises, as on the command line
     extra = (f"data.val_files={data_dir}/test.parquet", "trainer.total_training_steps=3", "trainer.save_freq=3")
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides(tiny_model_dir, data_dir, run_dir, *extra)))

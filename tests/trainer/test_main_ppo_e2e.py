@@ -16,6 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from tests.cpu_overrides import CPU_OVERRIDES
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def _run(args, cwd, timeout=420):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -176,7 +177,7 @@ def test_ctrl_c_stops_workers_and_ray(tiny_model_dir, data_dir, tmp_path):
     # A job started in the background by a shell without job control inherits SIGINT as ignored, and Python then
     # never raises KeyboardInterrupt; the child gets the default disposition so the test holds however pytest runs.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, *args],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip

@@ -140,13 +140,14 @@ def test_clip_grad_norm_on_plain_model_and_non_finite():
 
 
 # ---------------------------------------------------------------- two ranks over gloo
-def _two_rank_step_worker(rank: int, world_size: int, port: int, out_path: str) -> None:
+def _two_rank_step_worker(rank: int, world_size: int, port: int, out_path: str, fsdp_size: int = -1) -> None:
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     )
     torch.set_num_threads(1)
     assert init_distributed("gloo") == (rank, world_size)
-    model = apply_fsdp2(tiny_qwen2(seed=0))
+    model = apply_fsdp2(tiny_qwen2(seed=0), fsdp_size=fsdp_size)
+    assert next(model.parameters()).device_mesh.ndim == (2 if 0 < fsdp_size < world_size else 1)
     optim = build_optimizer(model, OPTIM_CFG)
     local_ids = batch_ids().chunk(world_size)[rank]
     model(input_ids=local_ids, labels=local_ids).loss.backward()
@@ -166,9 +167,10 @@ def spawn(fn, nprocs: int, *args, monkeypatch) -> None:
 
 
 @pytest.mark.slow  # spawning 2 processes that import torch + transformers: ~15 s idle machine, more when loaded
-def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fsdp_size", [-1, 1])  # 1: verl's fsdp_size as a (ddp 2, fsdp 1) mesh, hybrid sharding
+def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, monkeypatch, fsdp_size):
     out_path = str(tmp_path / "two_rank.pt")
-    spawn(_two_rank_step_worker, 2, out_path, monkeypatch=monkeypatch)
+    spawn(_two_rank_step_worker, 2, out_path, fsdp_size, monkeypatch=monkeypatch)
 
     reference = tiny_qwen2(seed=0)
     ref_optim = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
@@ -310,3 +312,100 @@ def test_apply_fsdp2_on_peft_lora_model_trains_only_adapters(process_group):
     after = get_full_state_dict(model)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed)
+
+
+# ---------------------------------------------------------------- verl's fsdp_config: offload, wrap policy, mesh
+def test_offload_settings_on_cuda_ask_for_cpu_offload_policy():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from verl.utils.fsdp_utils import offload_settings
+
+    policy, offload_optimizer = offload_settings({"param_offload": True, "optimizer_offload": True}, "cuda", "a")
+    assert isinstance(policy, CPUOffloadPolicy) and policy.pin_memory
+    assert offload_optimizer is False  # the optimizer step runs on the CPU shards already
+    assert isinstance(offload_settings({"offload_policy": True}, "cuda", "a")[0], CPUOffloadPolicy)
+    assert offload_settings({"optimizer_offload": True}, "cuda", "a") == (None, True)
+    assert offload_settings({}, "cuda", "a") == (None, False)
+
+
+def test_offload_settings_on_cpu_do_nothing_and_say_so_once(monkeypatch, capsys):
+    from verl.utils import fsdp_utils
+
+    monkeypatch.setattr(fsdp_utils, "_NOTICES_PRINTED", set())
+    assert fsdp_utils.offload_settings({"param_offload": False}, "cpu", "x.fsdp_config") == (None, False)
+    assert capsys.readouterr().err == ""
+    flags = {"param_offload": True, "optimizer_offload": True}
+    assert fsdp_utils.offload_settings(flags, "cpu", "x.fsdp_config") == (None, False)
+    assert fsdp_utils.offload_settings(flags, "cpu", "y.fsdp") == (None, False)
+    assert capsys.readouterr().err.splitlines() == [
+        "notice: x.fsdp_config.param_offload/optimizer_offload=true has no effect on CPU: parameters and optimizer "
+        "state already live in host memory"
+    ]
+
+
+def test_worker_wrapping_passes_the_policy_to_every_fully_shard(monkeypatch, process_group):
+    """`_wrap_fsdp2` (fsdp_workers) on a CUDA worker: fully_shard gets CPUOffloadPolicy, the verl knobs arrive."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from verl.utils import fsdp_utils
+    from verl.workers.fsdp_workers import _wrap_fsdp2
+
+    calls = []
+    monkeypatch.setattr(fsdp_utils, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)))
+    model = tiny_qwen2()
+    cfg = {"param_offload": True, "reshard_after_forward": False, "wrap_policy": {"min_num_params": 0}}
+    _, offload_optimizer = _wrap_fsdp2(model, cfg, "bfloat16", "cuda", "actor_rollout_ref.actor.fsdp_config")
+    assert offload_optimizer is False
+    assert [m for m, _ in calls] == [*model.model.layers, model]
+    for _, kwargs in calls:
+        assert isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
+        assert kwargs["reshard_after_forward"] is False and kwargs["mp_policy"].param_dtype == torch.bfloat16
+    calls.clear()
+    _, offload_optimizer = _wrap_fsdp2(tiny_qwen2(), {"optimizer_offload": True}, "float32", "cuda", "critic.fsdp")
+    assert offload_optimizer is True and all("offload_policy" not in kwargs for _, kwargs in calls)
+
+
+def test_wrap_policy_picks_the_sharded_units():
+    from verl.utils.fsdp_utils import _wrap_targets
+
+    model = tiny_qwen2()
+    layers = list(model.model.layers)
+    assert _wrap_targets(model, {"min_num_params": 0}) == layers  # verl's default: the decoder layers
+    assert _wrap_targets(model, {"transformer_layer_cls_to_wrap": ["Qwen2MLP"]}) == [layer.mlp for layer in layers]
+    with pytest.raises(
+        ValueError, match=r"transformer_layer_cls_to_wrap=\['Nope'\] matches no module.*Qwen2DecoderLayer"
+    ):
+        _wrap_targets(model, {"transformer_layer_cls_to_wrap": "Nope"})
+    # size-based (FSDP1's policy): post-order, each unit holds >= min_num_params parameters not in a unit below it
+    layer_params = sum(p.numel() for p in layers[0].parameters())
+    big_leaves = [m for m in (model.model.embed_tokens, model.lm_head) if m.weight.numel() >= layer_params]
+    expected = [m for m in (model.model.embed_tokens, *layers, model.lm_head) if m in layers or m in big_leaves]
+    assert _wrap_targets(model, {"min_num_params": layer_params}) == expected
+    mlp_params = sum(p.numel() for p in layers[0].mlp.parameters())
+    units = _wrap_targets(model, {"min_num_params": mlp_params})
+    assert all(layer.mlp in units for layer in layers)  # a child big enough gets its own unit, before its parent
+    assert all(units.index(layer.mlp) < units.index(layer) for layer in layers if layer in units)
+    assert _wrap_targets(model, {"min_num_params": 10**9}) == []  # nothing big enough: the root alone
+    tied = tiny_qwen2(tie=True)
+    units = _wrap_targets(tied, {"min_num_params": 1})
+    assert tied.model.embed_tokens not in units and tied.lm_head not in units  # a tied weight stays with the root
+
+
+def test_forward_prefetch_links_each_layer_to_the_next(process_group):
+    model = apply_fsdp2(tiny_qwen2(), forward_prefetch=True)
+    layers = list(model.model.layers)
+    for layer, following in zip(layers, layers[1:]):
+        assert layer._get_fsdp_state()._states_to_forward_prefetch == [following._get_fsdp_state()]
+    plain = apply_fsdp2(tiny_qwen2())
+    assert all(not layer._get_fsdp_state()._states_to_forward_prefetch for layer in plain.model.layers)
+    ids = batch_ids()
+    torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_fsdp_size_mesh(process_group):
+    from verl.utils.fsdp_utils import fsdp_device_mesh
+
+    assert fsdp_device_mesh("cpu", 1, -1).mesh_dim_names == ("fsdp",)
+    assert fsdp_device_mesh("cpu", 1, 4).shape == (1,)  # >= world size: all ranks
+    with pytest.raises(ValueError, match="fsdp_size must be -1"):
+        fsdp_device_mesh("cpu", 1, 0)

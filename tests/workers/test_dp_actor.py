@@ -379,3 +379,64 @@ def test_two_rank_fsdp2_equals_one_process_on_the_whole_batch():
         assert dp_metrics[0]["actor/grad_norm"][step] == pytest.approx(metrics["actor/grad_norm"][step], rel=1e-4)
         rank_mean = (dp_metrics[0]["actor/pg_loss"][step] + dp_metrics[1]["actor/pg_loss"][step]) / 2
         assert rank_mean == pytest.approx(metrics["actor/pg_loss"][step], abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- padding rows
+ODD_ROWS = 7  # not divisible by 2 ranks: DP_COMPUTE_PROTO pads it to 8 with a copy of row 0
+
+
+def run_padded_rank(rank: int, world_size: int, port: int, out_dir: str, loss_agg_mode: str) -> None:
+    """One rank: update on its DP_COMPUTE_PROTO chunk of an odd batch (rank 1's last row is padding)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from verl.single_controller.base.decorator import Dispatch, dispatch_calls
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = make_model()
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        calls = dispatch_calls(Dispatch.DP_COMPUTE_PROTO, world_size, (dp_data()[list(range(ODD_ROWS))],), {})
+        config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=loss_agg_mode)
+        actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=DP_LR))
+        actor.update_policy(calls.args[rank][0])
+        full = {name: p.full_tensor() for name, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(full, os.path.join(out_dir, "params.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_padding_rows_of_an_odd_batch_are_not_trained_on(loss_agg_mode):
+    """2 ranks, 7 rows: the padded update (rank 1 holds a copy of row 0) equals one process on the 7 real rows."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(
+            run_padded_rank, args=(2, free_port(), out_dir, loss_agg_mode), nprocs=2, join=False, start_method="fork"
+        )
+        deadline = time.monotonic() + 120
+        while not context.join(timeout=2):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail("the 2-rank run did not finish within 120 s")
+        dp_params = torch.load(os.path.join(out_dir, "params.pt"))
+
+    model = make_model()
+    before = params(model)
+    config = actor_config(
+        ppo_mini_batch_size=ODD_ROWS, ppo_micro_batch_size_per_gpu=ODD_ROWS, loss_agg_mode=loss_agg_mode
+    )
+    DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=DP_LR)).update_policy(
+        dp_data()[list(range(ODD_ROWS))]
+    )
+    single = params(model)
+    assert max_diff(single, before) > 1e-3
+    assert max_diff(dp_params, single) < 1e-6

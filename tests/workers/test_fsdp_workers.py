@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 import verl
+from tests.cpu_overrides import cpu_config
 from verl.protocol import DataProto
 from verl.single_controller.base.worker import ENV_KEYS
 from verl.utils.fsdp_utils import get_full_state_dict
@@ -27,7 +28,7 @@ CONFIG_YAML = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", 
 
 
 def trainer_config(model_dir: str, **actor_overrides) -> OmegaConf:
-    cfg = OmegaConf.load(CONFIG_YAML)
+    cfg = cpu_config()
     cfg.data.max_prompt_length, cfg.data.max_response_length = PROMPT_LEN, RESPONSE_LEN
     arr = cfg.actor_rollout_ref
     arr.model.path = model_dir
@@ -120,7 +121,7 @@ def test_config_normalisation_and_errors(tiny_model_dir):
     with pytest.raises(ValueError, match="set actor_rollout_ref.rollout.calculate_log_probs=true"):
         ActorRolloutRefWorker(no_lp.actor_rollout_ref, role="actor_rollout")
     other_dtype = trainer_config(tiny_model_dir, **reuse, **{"rollout.dtype": "bfloat16"})
-    with pytest.raises(ValueError, match="rollout.dtype='bfloat16', model.dtype='float32'"):
+    with pytest.raises(ValueError, match="rollout.dtype='bfloat16', actor.fsdp_config.dtype='float32'"):
         ActorRolloutRefWorker(other_dtype.actor_rollout_ref, role="actor_rollout")
     ActorRolloutRefWorker(trainer_config(tiny_model_dir, **reuse).actor_rollout_ref, role="actor_rollout")
     checkpointed = {"model.share_prompt_prefix": True, "model.enable_gradient_checkpointing": True}
@@ -370,3 +371,40 @@ def test_colocated_actor_rollout_and_critic_run_a_step(ray_session, tiny_model_d
         assert moved[gen.batch["response_mask"].bool()].abs().max() > 1e-3  # so a stale engine would show
     finally:
         pool.remove_placement_groups()
+
+
+def test_fsdp_config_keys_on_cpu_offload_notice_once_and_bf16_master_weights(tiny_model_dir, monkeypatch, capsys):
+    """verl's fsdp_config on a CPU worker: param/optimizer offload print one notice per process and change nothing;
+    model_dtype=bf16 keeps the actor's FSDP parameters in bf16; wrap_policy/forward_prefetch/fsdp_size are taken;
+    a step still trains."""
+    from verl.utils import fsdp_utils
+
+    monkeypatch.setattr(fsdp_utils, "_NOTICES_PRINTED", set())
+    fsdp = {"param_offload": True, "optimizer_offload": True, "model_dtype": "bf16", "forward_prefetch": True,
+            "fsdp_size": -1, "wrap_policy": {"min_num_params": 0}, "reshard_after_forward": True}  # fmt: skip
+    cfg = trainer_config(tiny_model_dir, **{"actor.fsdp_config": fsdp, "ref.fsdp_config": fsdp})
+    with restored_dist_env():
+        w = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
+        w.init_model()
+    assert w.offload_actor_optimizer is False
+    assert {p.dtype for p in w.actor_module.parameters()} == {torch.bfloat16}
+    assert all(p.device.type == "cpu" for p in w.actor_module.parameters())
+    gen = w.generate_sequences(make_prompts(w.tokenizer, seed=1))
+    old = w.compute_log_prob(gen)
+    before = get_full_state_dict(w.actor_module)
+    metrics = w.update_actor(with_advantages(gen.union(old))).meta_info["metrics"]
+    assert np.isfinite(metrics["actor/pg_loss"]).all()
+    after = get_full_state_dict(w.actor_module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    assert capsys.readouterr().err.count("has no effect on CPU") == 1  # actor and ref: one notice per process
+
+
+def test_critic_reads_verl_0_9_fsdp_section_first():
+    from verl.workers.fsdp_workers import _critic_fsdp_config
+
+    cfg = OmegaConf.create(
+        {"model": {"fsdp_config": {"param_offload": True, "fsdp_size": 2, "model_dtype": "bf16"}},
+         "fsdp_config": {"fsdp_size": 4}, "fsdp": {"param_offload": False}}
+    )  # fmt: skip
+    assert _critic_fsdp_config(cfg) == {"param_offload": False, "fsdp_size": 4, "model_dtype": "bf16"}
+    assert _critic_fsdp_config(OmegaConf.create({"model": {}})) == {}

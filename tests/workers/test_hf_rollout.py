@@ -72,8 +72,8 @@ def full_forward_log_probs(model, out: DataProto, temperature: float) -> torch.T
 
 def test_registry_names_engines_and_rejects_unknown():
     assert get_rollout_class("hf") is HFRollout
-    with pytest.raises(ValueError, match=r"'sglang'.*\['hf', 'vllm'\]"):
-        get_rollout_class("sglang")
+    with pytest.raises(ValueError, match=r"'trtllm'.*\['hf', 'sglang', 'vllm'\]"):
+        get_rollout_class("trtllm")
 
 
 def test_build_rollout_output_masks_and_positions_by_hand():
@@ -167,6 +167,19 @@ def test_eos_stops_response_and_masks_after_it(model, tokenizer):
     assert out.batch["responses"][0].tolist() == expected
     assert out.batch["response_mask"][0].tolist() == [1] * (k + 1) + [0] * (RESPONSE_LEN - k - 1)
     assert out.batch["attention_mask"][0, PROMPT_LEN:].tolist() == out.batch["response_mask"][0].tolist()
+
+
+def test_ignore_eos_runs_to_response_length_and_keeps_every_token(model, tokenizer):
+    """verl's `rollout.ignore_eos`: the eos does not stop a row, and all generated tokens are in the response."""
+    free = HFRollout(model, rollout_config(), tokenizer).generate_sequences(
+        make_prompts(tokenizer, texts=TEXTS[:1], seed=11)
+    )
+    tokens = free.batch["responses"][0].tolist()
+    eos = tokens[1]
+    rollout = HFRollout(model, rollout_config(ignore_eos=True), tokenizer)
+    out = rollout.generate_sequences(make_prompts(tokenizer, texts=TEXTS[:1], seed=11, eos_token_id=eos))
+    assert out.batch["responses"][0].tolist() == tokens  # the same draws, not cut at the eos
+    assert out.batch["response_mask"][0].tolist() == [1] * RESPONSE_LEN
 
 
 def test_validate_is_greedy_whatever_the_seed(model, tokenizer):

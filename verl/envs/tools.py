@@ -7,6 +7,7 @@ annotations (str, int, float, bool, list, dict, optionally `| None`) and the fir
 `parse_tool_calls(text)` reads every `<tool_call> ... </tool_call>` block of a model turn: the block is one
 JSON object, a JSON list of objects, or one object per line (the RLLA / ToolRL format); an object is
 `{"name": ..., "arguments": {...}}` ("parameters" is accepted too, and OpenAI's JSON-string arguments).
+That is verl's `hermes` format; `get_tool_call_format(rollout.multi_turn.format)` picks the parser by name.
 `run_tool_calls` turns a turn into observations: results, and every failure (bad JSON, unknown tool, bad
 arguments, an exception in the tool, a timeout) as an `error: ...` text. Nothing here raises on model
 output: errors are what the model gets to read.
@@ -34,9 +35,12 @@ from typing import Any
 __all__ = [
     "DEFAULT_REGISTRY",
     "ParsedToolCall",
+    "TOOL_CALL_FORMATS",
     "Tool",
+    "ToolCallFormat",
     "ToolRegistry",
     "format_observations",
+    "get_tool_call_format",
     "import_tool_modules",
     "parse_tool_calls",
     "run_tool_calls",
@@ -251,6 +255,32 @@ def parse_tool_calls(text: str) -> list[ParsedToolCall]:
     for block in TOOL_CALL_RE.findall(text):
         calls.extend(_parse_block(block))
     return calls
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """How one model family writes tool calls: the parser of a turn's text and the string that ends a call
+    (a model turn stops there so the tools can run)."""
+
+    parse: Callable[[str], list[ParsedToolCall]]
+    stop: str
+
+
+# `actor_rollout_ref.rollout.multi_turn.format` (verl's key, default hermes) -> format
+TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
+    "hermes": ToolCallFormat(parse=parse_tool_calls, stop="</tool_call>"),  # <tool_call>{json}</tool_call>
+}
+
+
+def get_tool_call_format(name: Any) -> ToolCallFormat:
+    """The tool-call format named by `rollout.multi_turn.format` (None = hermes); ValueError listing the known."""
+    name = "hermes" if name is None else str(name)
+    if name not in TOOL_CALL_FORMATS:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.multi_turn.format={name!r} is not a known tool-call format; "
+            f"known: {sorted(TOOL_CALL_FORMATS)}"
+        )
+    return TOOL_CALL_FORMATS[name]
 
 
 # ----------------------------------------------------------------------------------------------- running

@@ -123,7 +123,7 @@ class LocalWorkerGroup(WorkerGroup):
     def _call(self, name: str, worker_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> DoneFuture:
         # the same split as on Ray (a DataProto argument arrives as a new DataProto sharing the tensors), so a
         # worker that adds or pops keys does not change the driver's batch
-        calls = dispatch_calls(attrs.dispatch_mode, 1, args, kwargs)
+        calls = dispatch_calls(attrs.dispatch_mode, 1, args, kwargs, worker_group=self)
         output = getattr(self._worker, worker_method)(*calls.args[0], **calls.kwargs[0])
         return DoneFuture(
             output if runs_on_rank_zero_only(attrs) else collect_outputs(attrs.dispatch_mode, [output], calls)

@@ -16,6 +16,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from verl.trainer.config import prepare_config, resolve_cpu_dtypes
+
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError, OmegaConfBaseException)
 
 
@@ -26,8 +28,9 @@ def resolve_device(name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name not in ("cpu", "cuda"):
         raise ValueError(f"trainer.device={name!r}; allowed: auto, cpu, cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=cpu or auto")
+    if name == "cuda" and not torch.cuda.is_available():  # verl's default on a machine without a GPU
+        print("notice: trainer.device=cuda but no CUDA GPU is visible: the run uses the CPU", file=sys.stderr)
+        return "cpu"
     return name
 
 
@@ -55,7 +58,7 @@ def _check_paths(config: DictConfig) -> None:
             f"nothing is downloaded)"
         )
     _check_model_is_causal_lm(model_path)
-    _check_rollout_name(config.actor_rollout_ref.rollout.name)
+    _check_rollout_name(config)
     _check_rollout_workflow(config.actor_rollout_ref.rollout.get("workflow"))
     _check_custom_reward(config)
     _check_resume_path(config.trainer)
@@ -64,11 +67,13 @@ def _check_paths(config: DictConfig) -> None:
 def _check_reward_columns(config: DictConfig, datasets: list) -> None:
     """What the reward managers read, checked on every row before Ray starts: a `reward_model` dict with a
     'ground_truth', and (without a custom reward function) a data source that has a built-in scorer."""
+    from verl.trainer.ppo.ray_trainer import need_reward_model
+    from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.reward_score import KNOWN_DATA_SOURCES, has_default_scorer
 
-    if config.reward_model.get("enable"):  # a reward model scores the responses
+    custom = get_custom_reward_fn(config) is not None
+    if need_reward_model(config) and not custom:  # the reward model's score is the reward: no rule scorer runs
         return
-    custom = (config.get("custom_reward_function") or {}).get("path")
     key = config.data.get("reward_fn_key", "data_source")
     for dataset in (d for d in datasets if d is not None):
         for (path, row_number, _), row in zip(dataset.origins, dataset.rows):
@@ -130,10 +135,22 @@ def _check_model_is_causal_lm(model_path: str) -> None:
         )
 
 
-def _check_rollout_name(name: str) -> None:
-    from verl.workers.rollout import get_rollout_class
+def _check_rollout_name(config: DictConfig) -> None:
+    """Decide the rollout engine once, before any worker starts, and write it into the config: `vllm`/`sglang`
+    where they cannot run become `hf` with one notice (or a ValueError with rollout.engine_fallback=false)."""
+    from verl.workers.rollout import resolve_rollout_engine
 
-    get_rollout_class(name)  # unknown name -> ValueError listing the known engines
+    rollout = config.actor_rollout_ref.rollout
+    updates, notices = resolve_rollout_engine(rollout, str(config.trainer.get("device", "auto")))
+    for line in notices:
+        print(line, file=sys.stderr)
+    with open_dict(rollout):
+        for key, value in updates.items():
+            rollout[key] = value
+    if rollout.get("workflow") == "multi_turn_tool":  # its tool-call parser; unknown -> one line listing the known
+        from verl.envs.tools import get_tool_call_format
+
+        get_tool_call_format((rollout.get("multi_turn") or {}).get("format", "hermes"))
 
 
 def _check_rollout_workflow(name: str | None) -> None:
@@ -167,6 +184,13 @@ def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) 
             "trainer.single_process=true cannot run trainer.rollout_mode=async (the rollout group is a process "
             "of its own); use trainer.rollout_mode=sync or trainer.single_process=false"
         )
+    from verl.trainer.ppo.ray_trainer import reward_model_pool_spec
+
+    if reward_model_pool_spec(config):
+        raise ValueError(
+            "trainer.single_process=true cannot give the reward model processes of its own; use reward.reward_model."
+            "enable_resource_pool=false (it then shares the one process) or trainer.single_process=false"
+        )
     if domain_setup is not None:
         raise ValueError(
             "trainer.single_process=true cannot run data.domains (its reward workers are Ray actors); "
@@ -185,7 +209,7 @@ def init_ray(config: DictConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
-        num_cpus = config.trainer.get("ray_init", {}).get("num_cpus")
+        num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
@@ -207,27 +231,35 @@ def build_trainer(config: DictConfig):
     from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
     from verl.trainer.ppo import async_rollout
     from verl.trainer.ppo.domains import build_domain_datasets
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
+    from verl.trainer.ppo.ray_trainer import (
+        RayPPOTrainer,
+        ResourcePoolManager,
+        Role,
+        need_reward_model,
+        reward_model_pool_spec,
+    )
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.tokenizer import hf_tokenizer
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
     from verl.workers.reward_workers import RewardWorkerPool
 
     _check_paths(config)
     domain_setup = _check_domains(config)  # data.domains: every domain's files, reward type and probability
     device = resolve_device(config.trainer.device)
+    resolve_cpu_dtypes(config, device)
     with open_dict(config):
         config.actor_rollout_ref.device = device
         config.critic.device = device
     torch.manual_seed(config.trainer.seed)
     tokenizer = hf_tokenizer(
-        config.data.tokenizer or config.actor_rollout_ref.model.path,
-        trust_remote_code=config.actor_rollout_ref.model.trust_remote_code,
+        config.data.tokenizer or config.actor_rollout_ref.model.get("tokenizer_path") or config.actor_rollout_ref.model.path,
+        trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code or config.data.get("trust_remote_code")),
     )
-    num_examine = config.reward_model.get("num_examine", 1)
+    num_examine = config.reward.get("num_examine", 1)
     if domain_setup is None:
-        train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
+        max_train = int(config.data.get("train_max_samples", -1) or -1)
+        train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, max_samples=max_train)
         val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=num_examine)
@@ -242,10 +274,13 @@ def build_trainer(config: DictConfig):
     rollout_pool = async_rollout.rollout_pool_spec(config)  # trainer.rollout_mode=async: the rollout's own processes
     if rollout_pool:
         mapping[Role.Rollout] = "rollout_pool"
+    rm_pool = reward_model_pool_spec(config)  # reward.reward_model.enable_resource_pool: the RM's own processes
+    if need_reward_model(config):
+        mapping[Role.RewardModel] = "reward_pool" if rm_pool else "global_pool"
     single_process = bool(config.trainer.get("single_process", False))
     _check_single_process(config, domain_setup, rollout_pool)
     pool_manager = ResourcePoolManager(
-        resource_pool_spec={"global_pool": [n_proc] * nnodes, **rollout_pool},
+        resource_pool_spec={"global_pool": [n_proc] * nnodes, **rollout_pool, **rm_pool},
         mapping=mapping,
         use_gpu=device == "cuda",
     )
@@ -253,7 +288,11 @@ def build_trainer(config: DictConfig):
     trainer = RayPPOTrainer(
         config=config,
         tokenizer=tokenizer,
-        role_worker_mapping={Role.ActorRollout: ActorRolloutRefWorker, Role.Critic: CriticWorker},
+        role_worker_mapping={
+            Role.ActorRollout: ActorRolloutRefWorker,
+            Role.Critic: CriticWorker,
+            Role.RewardModel: RewardModelWorker,
+        },
         resource_pool_manager=pool_manager,
         reward_fn=reward_fn,
         val_reward_fn=val_reward_fn,
@@ -264,7 +303,7 @@ def build_trainer(config: DictConfig):
     )
     cpus_per_worker = config.trainer.get("cpus_per_worker")
     if single_process:  # the worker runs here: all the CPUs this process may use (or ray_init.num_cpus)
-        num_cpus = config.trainer.get("ray_init", {}).get("num_cpus")
+        num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
         cpus_per_worker = cpus_per_worker or num_cpus or len(os.sched_getaffinity(0))
     else:
         init_ray(config)
@@ -291,6 +330,7 @@ def run_ppo(config: DictConfig) -> dict:
 
     started_here = not ray.is_initialized()
     try:
+        prepare_config(config)  # legacy keys converted as verl does; types and refused features checked
         trainer = build_trainer(config)
         return trainer.fit()
     finally:
@@ -301,8 +341,9 @@ def run_ppo(config: DictConfig) -> dict:
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    OmegaConf.resolve(config)
     try:
+        prepare_config(config)  # before resolving: derived keys still show as interpolations
+        OmegaConf.resolve(config)
         run_ppo(config)
     except KeyboardInterrupt:
         print("\ninterrupted: workers and Ray stopped", file=sys.stderr)

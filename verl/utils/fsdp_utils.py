@@ -1,7 +1,10 @@
 """FSDP2 and training helpers shared by the SFT trainer and the FSDP workers.
 
 Owns: starting torch.distributed (`init_distributed`), wrapping a HF model with FSDP2 (`apply_fsdp2`, one
-`fully_shard` per decoder layer plus the root), full (unsharded) state dicts in and out, the AdamW optimizer and
+`fully_shard` per decoder layer plus the root, or verl's `wrap_policy` choices; `fsdp_size` hybrid sharding;
+`forward_prefetch`), the offload choices of an `fsdp_config` (`offload_settings`: FSDP2 `CPUOffloadPolicy` for
+`param_offload`, optimizer state moved to CPU between updates for `optimizer_offload`, both only on CUDA: on CPU
+they print one notice per process), full (unsharded) state dicts in and out, the AdamW optimizer and
 warmup + constant/cosine LR schedule built from an `optim` config, gradient clipping on DTensor parameters,
 loading HF causal-LM / token-classification (critic) models, and the torch thread count of a worker.
 
@@ -14,7 +17,9 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -31,6 +36,9 @@ from verl.utils.device import get_device_name, get_dist_backend
 __all__ = [
     "init_distributed",
     "apply_fsdp2",
+    "fsdp_device_mesh",
+    "offload_settings",
+    "optimizer_state_on",
     "get_full_state_dict",
     "load_full_state_dict",
     "build_optimizer",
@@ -113,34 +121,184 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def _tied_outside(prefix: str, param_paths: dict[int, list[str]], own: list[tuple[str, nn.Parameter]]) -> bool:
+    """True when a parameter of the module at `prefix` is also reached by a path outside it (tied weights)."""
+    for _, param in own:
+        if any(not path.startswith(prefix + ".") for path in param_paths[id(param)]):
+            return True
+    return False
+
+
+def _size_based_targets(model: nn.Module, min_num_params: int) -> list[nn.Module]:
+    """verl/FSDP1's size-based auto-wrap for FSDP2: in post-order, every sub-module whose parameters not already in
+    a wrapped descendant number at least `min_num_params` (modules holding a tied weight are left to the root)."""
+    param_paths: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        param_paths.setdefault(id(param), []).append(name)
+    targets: list[nn.Module] = []
+
+    def visit(prefix: str, module: nn.Module) -> int:
+        remaining = sum(visit(f"{prefix}.{name}" if prefix else name, child) for name, child in module.named_children())
+        remaining += sum(p.numel() for p in module.parameters(recurse=False))
+        own = [(f"{prefix}.{n}", p) for n, p in module.named_parameters(remove_duplicate=False)]
+        if prefix and remaining >= min_num_params and not _tied_outside(prefix, param_paths, own):
+            targets.append(module)
+            return 0
+        return remaining
+
+    visit("", model)
+    return targets
+
+
+def _wrap_targets(model: nn.Module, wrap_policy: Any) -> list[nn.Module]:
+    """The sub-modules that get their own `fully_shard`, children before parents.
+
+    verl's `fsdp_config.wrap_policy`: `min_num_params` > 0 wraps by size (as FSDP1's size-based policy);
+    otherwise `transformer_layer_cls_to_wrap` (class names; default: the model's decoder layers).
+    """
+    wrap_policy = wrap_policy or {}
+    min_num_params = int(wrap_policy.get("min_num_params", 0) or 0)
+    if min_num_params > 0:
+        return _size_based_targets(model, min_num_params)
+    names = wrap_policy.get("transformer_layer_cls_to_wrap", None)
+    if not names:
+        return _decoder_layers(model)
+    names = {names} if isinstance(names, str) else set(names)
+    targets = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if not targets:
+        raise ValueError(
+            f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap={sorted(names)} matches no module of "
+            f"{type(model).__name__}; its decoder layer class is e.g. {sorted({type(m).__name__ for m in _decoder_layers(model)})}"
+        )
+    return targets
+
+
+def fsdp_device_mesh(device_type: str, world_size: int, fsdp_size: int = -1) -> Any:
+    """verl's mesh: 1-D ("fsdp",) over all ranks when `fsdp_size` is -1 or >= world_size, else 2-D
+    ("ddp", "fsdp") of shape (world_size // fsdp_size, fsdp_size): FSDP2 shards within groups of `fsdp_size` ranks
+    and replicates across them (hybrid sharding). world_size must be divisible by fsdp_size."""
+    fsdp_size = int(fsdp_size)
+    if fsdp_size == 0 or fsdp_size < -1:
+        raise ValueError(f"fsdp_config.fsdp_size must be -1 (all ranks) or a positive int, got {fsdp_size}")
+    if fsdp_size < 0 or fsdp_size >= world_size:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size != 0:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} does not divide the world size {world_size}")
+    return init_device_mesh(device_type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
 def apply_fsdp2(
     model: nn.Module,
     device_mesh: Any = None,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
     reshard_after_forward: bool = True,
+    offload_policy: OffloadPolicy | None = None,
+    forward_prefetch: bool = False,
+    fsdp_size: int = -1,
+    wrap_policy: Any = None,
 ) -> nn.Module:
-    """Shard `model` with FSDP2: `fully_shard` on every decoder layer, then on the root; returns the same object.
+    """Shard `model` with FSDP2: `fully_shard` on every wrap target (`_wrap_targets`: decoder layers by default),
+    then on the root; returns the same object.
 
-    `device_mesh` defaults to a 1-D mesh over all ranks on the current device type (the process group is started
+    `device_mesh` defaults to `fsdp_device_mesh(device type, world size, fsdp_size)` (the process group is started
     with `init_distributed` if needed). `param_dtype` / `reduce_dtype` set a `MixedPrecisionPolicy` (e.g. bf16
-    compute with fp32 gradient reduction); None keeps the parameters' dtype. Parameters move to the mesh's device.
-    A model without recognisable decoder layers is sharded as one unit (root only).
+    compute with fp32 gradient reduction); None keeps the parameters' dtype. `offload_policy` (FSDP2's
+    `CPUOffloadPolicy`, see `offload_settings`) keeps the sharded parameters, gradients and optimizer step on the
+    CPU. `forward_prefetch` makes each wrapped layer prefetch the next one's all-gather in forward (depth 1, as
+    verl). Parameters move to the mesh's device unless offloaded. A model without recognisable decoder layers is
+    sharded as one unit (root only).
     """
     if device_mesh is None:
         _, world_size = init_distributed()
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        device_mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("fsdp",))
+        device_mesh = fsdp_device_mesh(device_type, world_size, fsdp_size)
     kwargs: dict[str, Any] = {"mesh": device_mesh, "reshard_after_forward": reshard_after_forward}
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for layer in _decoder_layers(model):
+    if offload_policy is not None:
+        kwargs["offload_policy"] = offload_policy
+    targets = _wrap_targets(model, wrap_policy)
+    for layer in targets:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if forward_prefetch:
+        sharded = [m for m in targets if isinstance(m, FSDPModule)]
+        for layer, following in zip(sharded, sharded[1:]):
+            layer.set_modules_to_forward_prefetch([following])
     return model
 
 
+# ---------------------------------------------------------------- CPU offload
+_NOTICES_PRINTED: set[str] = set()
+
+
+def notice_once(key: str, message: str) -> bool:
+    """Print `message` on stderr the first time `key` is seen in this process; True when it was printed."""
+    if key in _NOTICES_PRINTED:
+        return False
+    _NOTICES_PRINTED.add(key)
+    print(message, file=sys.stderr, flush=True)
+    return True
+
+
+def offload_settings(fsdp_cfg: Any, device_type: str, where: str) -> tuple[OffloadPolicy | None, bool]:
+    """(FSDP2 offload policy, whether to move the optimizer state to CPU between updates) for an `fsdp_config`.
+
+    On CUDA: `param_offload` (or verl's `offload_policy`) gives `CPUOffloadPolicy(pin_memory=True)`: sharded
+    parameters, gradients and the optimizer step live on the CPU and each layer is copied to the GPU for its
+    compute; the optimizer state is then on the CPU already, so `optimizer_offload` only acts without it. On CPU
+    both flags have nothing to move: one notice per process (naming `where`, e.g.
+    "actor_rollout_ref.actor.fsdp_config") and (None, False).
+    """
+    fsdp_cfg = fsdp_cfg or {}
+    param = bool(fsdp_cfg.get("param_offload", False)) or bool(fsdp_cfg.get("offload_policy", False))
+    optimizer = bool(fsdp_cfg.get("optimizer_offload", False))
+    if device_type != "cuda":
+        flags = [k for k in ("param_offload", "offload_policy", "optimizer_offload") if fsdp_cfg.get(k, False)]
+        if flags:
+            notice_once(
+                "cpu-offload",
+                f"notice: {where}.{'/'.join(flags)}=true has no effect on CPU: parameters and optimizer state "
+                "already live in host memory",
+            )
+        return None, False
+    return (CPUOffloadPolicy(pin_memory=True) if param else None), optimizer and not param
+
+
+@torch.no_grad()
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move every tensor of the optimizer's state (e.g. AdamW's exp_avg, exp_avg_sq) to `device`, in place."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+@contextmanager
+def optimizer_state_on(optimizer: torch.optim.Optimizer, device: torch.device | str, offload: bool) -> Iterator[None]:
+    """With `offload` (fsdp_config.optimizer_offload on CUDA): the optimizer state is on `device` inside the block
+    and back on the CPU after it, as verl's load_fsdp_optimizer / offload_fsdp_optimizer; else a no-op."""
+    if not offload:
+        yield
+        return
+    move_optimizer_state(optimizer, device)
+    try:
+        yield
+    finally:
+        move_optimizer_state(optimizer, "cpu")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------- full state dicts
+def _on_mesh_device(value: DTensor) -> DTensor:
+    """`value` with its local shard on its mesh's device type, where the collectives run (with FSDP2's
+    CPUOffloadPolicy the shards of a CUDA mesh live on the CPU, which nccl cannot all-gather)."""
+    return value if value.device.type == value.device_mesh.device_type else value.to(value.device_mesh.device_type)
+
+
 def get_full_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
     """The unsharded `{name: tensor}` of `model`, on every rank (a collective: all ranks must call it).
 
@@ -152,7 +310,7 @@ def get_full_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str,
     sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
     full = {}
     for name, value in sharded.items():
-        tensor = value.full_tensor() if isinstance(value, DTensor) else value
+        tensor = _on_mesh_device(value).full_tensor() if isinstance(value, DTensor) else value
         full[name] = tensor.detach().to("cpu", copy=True) if cpu_offload else tensor.detach()
     return full
 
@@ -238,6 +396,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
         return torch.tensor(0.0)
     grads = [p.grad for p in params]
     total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total_norm, DTensor):
+        total_norm = _on_mesh_device(total_norm)  # CPUOffloadPolicy: the gradients' shards live on the CPU
     full_norm = total_norm.full_tensor() if isinstance(total_norm, DTensor) else total_norm
     if torch.isfinite(full_norm):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)

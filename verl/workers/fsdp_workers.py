@@ -1,15 +1,23 @@
 """FSDP2 workers: the actor/rollout/reference, the critic and the reward model of one rank, as `Worker`s.
 
-Owns `ActorRolloutRefWorker`, `CriticWorker`, `RewardModelWorker`: loading models from `model.path`, FSDP2
-wrapping, AdamW + LR schedule, the worker-side config normalisation (mini/micro batch sizes per rank), weight
-sync from the actor to the rollout engine after every update (`model_update`), checkpoints, and the
-`@register`ed methods a worker group calls. The maths lives in layer 5 (`DataParallelPPOActor`,
-`DataParallelPPOCritic`, the rollout engines); this file only wires it up.
+Owns `ActorRolloutRefWorker`, `CriticWorker` (`RewardModelWorker` lives in reward_model_worker.py and is
+re-exported here, verl's import path): loading models from `model.path`, FSDP2 wrapping, AdamW + LR schedule,
+the worker-side config normalisation (mini/micro batch sizes per rank), weight sync from the actor to the rollout
+engine after every update (`model_update`), checkpoints, and the `@register`ed methods a worker group calls. The
+maths lives in layer 5 (`DataParallelPPOActor`, `DataParallelPPOCritic`, the rollout engines); this file only wires
+it up.
 
 Design choices:
 - The `hf` rollout engine gets its own un-sharded copy of the policy; after every actor update (and after
   loading a checkpoint) the actor's full state dict is gathered (`get_full_state_dict`, all ranks) and loaded
-  into it (`rollout.update_weights`). `vllm` loads the model itself and receives the same state dict.
+  into it (`rollout.update_weights`). `vllm`/`sglang` (`builds_from_path`) load `model.path` themselves (with
+  `rollout.load_format`, verl's default `dummy`: random weights) and receive the same state dict right after
+  `init_model` and after every update.
+- `fsdp_config` (verl's keys): `model_dtype` is the dtype of the FSDP module's parameters (the actor's master
+  weights; verl fp32), `reshard_after_forward`, `fsdp_size` (hybrid sharding), `forward_prefetch`, `wrap_policy`
+  (`min_num_params` / `transformer_layer_cls_to_wrap`); on CUDA `param_offload` is FSDP2's `CPUOffloadPolicy` and
+  `optimizer_offload` moves the optimizer state to CPU between updates (on CPU both print one notice). The
+  critic reads `critic.fsdp`, then `critic.fsdp_config`, then `critic.model.fsdp_config`.
 - Async mode (`trainer.rollout_mode=async`): the actor group has role `actor`/`actor_ref` (no engine) and a
   standalone `rollout` group generates; the trainer moves weights with `export_actor_weights` (rank 0's gathered
   state dict) and `load_rollout_weights(state_dict, version)`, after which every generated token carries
@@ -19,7 +27,7 @@ Design choices:
 - `training/rollout_probs_diff_max` / `_mean` (|exp(rollout_log_probs) - exp(old_log_probs)| over response
   tokens, reduced over all ranks) are returned by `compute_log_prob` in `meta_info["metrics"]` when the batch
   holds `rollout_log_probs`: that is where the rollout's and the actor's log-probs of the same weights meet.
-- On GPU with `model.dtype` bfloat16/float16 the actor keeps float32 master weights and computes in that dtype
+- On GPU with `fsdp_config.dtype` bfloat16/float16 the actor keeps float32 master weights and computes in that dtype
   (FSDP2 mixed precision, float32 gradient reduction); the reference and rollout copies are loaded in it.
 - Torch threads follow `VERL_NUM_THREADS` (set by the worker group; read by `Worker.__init__`).
 
@@ -114,15 +122,41 @@ def _check_supported(model_cfg: Any) -> None:
         )
 
 
-def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, dtype: str) -> nn.Module:
-    """FSDP2-shard `module`; a low-precision `dtype` becomes the compute dtype (float32 gradient reduction)."""
+def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, dtype: str, device_name: str = "cpu", where: str = "fsdp_config"):
+    """FSDP2-shard `module` by its `fsdp_config` (verl's keys: reshard_after_forward, fsdp_size, forward_prefetch,
+    wrap_policy, param_offload/offload_policy); a low-precision `dtype` becomes the compute dtype (float32
+    gradient reduction). Returns `(module, offload_optimizer)`: whether the caller moves the optimizer state to CPU
+    between updates (`optimizer_offload` on CUDA; see `fsdp_utils.offload_settings`, which prints the CPU notice)."""
+    fsdp_cfg = fsdp_cfg or {}
     param_dtype = _LOW_PRECISION.get(str(dtype))
-    return fsdp_utils.apply_fsdp2(
+    offload_policy, offload_optimizer = fsdp_utils.offload_settings(fsdp_cfg, device_name, where)
+    module = fsdp_utils.apply_fsdp2(
         module,
         param_dtype=param_dtype,
         reduce_dtype=torch.float32 if param_dtype is not None else None,
-        reshard_after_forward=bool((fsdp_cfg or {}).get("reshard_after_forward", True)),
+        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
+        offload_policy=offload_policy,
+        forward_prefetch=bool(fsdp_cfg.get("forward_prefetch", False)),
+        fsdp_size=int(fsdp_cfg.get("fsdp_size", -1)),
+        wrap_policy=fsdp_cfg.get("wrap_policy"),
     )
+    return module, offload_optimizer
+
+
+def _model_dtype(fsdp_cfg: Any) -> str:
+    """verl's `fsdp_config.model_dtype` (fp32 | bf16 | fp16 or the long names): the dtype the FSDP module's
+    parameters are loaded and kept in (the master weights of the actor)."""
+    return str((fsdp_cfg or {}).get("model_dtype", "fp32") or "fp32")
+
+
+def _critic_fsdp_config(config: Any) -> dict:
+    """The critic's engine config: verl 0.9.1's `critic.fsdp`, over the older `critic.fsdp_config`, over the legacy
+    `critic.model.fsdp_config` (a key set in a later one wins)."""
+    merged: dict = {}
+    for section in (config.get("model", {}).get("fsdp_config"), config.get("fsdp_config"), config.get("fsdp")):
+        if section:
+            merged.update(OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section))
+    return merged
 
 
 def check_old_log_prob_reuse(config: Any) -> None:
@@ -131,7 +165,7 @@ def check_old_log_prob_reuse(config: Any) -> None:
     dtype, which the `hf` engine does (it is synced after every update). Anything else raises ValueError."""
     if config.get("actor", {}).get("recompute_old_log_prob", True):
         return
-    rollout, model = config.get("rollout", {}), config.get("model", {})
+    rollout = config.get("rollout", {})
     if not rollout.get("calculate_log_probs", False):
         raise ValueError(
             "actor.recompute_old_log_prob=false reuses rollout_log_probs as old_log_probs; "
@@ -142,12 +176,25 @@ def check_old_log_prob_reuse(config: Any) -> None:
             f"actor.recompute_old_log_prob=false needs log-probs of the actor's exact weights; rollout.name="
             f"{rollout.get('name')!r} is not exact, use hf or actor.recompute_old_log_prob=true"
         )
-    rollout_dtype = str(rollout.get("dtype") or model.get("dtype", "float32"))
-    if rollout_dtype != str(model.get("dtype", "float32")):
+    actor_dtype = compute_dtype(config.get("actor", {}).get("fsdp_config"))
+    rollout_dtype = _canonical_dtype(rollout.get("dtype") or actor_dtype)
+    if rollout_dtype != actor_dtype:
         raise ValueError(
             f"actor.recompute_old_log_prob=false needs the rollout in the actor's dtype: rollout.dtype="
-            f"{rollout_dtype!r}, model.dtype={model.get('dtype')!r}"
+            f"{rollout_dtype!r}, actor.fsdp_config.dtype={actor_dtype!r}"
         )
+
+
+def _canonical_dtype(name: Any) -> str:
+    """float32 | bfloat16 | float16 from verl's spellings (fp32, bf16, fp16 or the long names)."""
+    short = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    return short.get(str(name), str(name))
+
+
+def compute_dtype(fsdp_cfg: Any) -> str:
+    """verl's `fsdp_config.dtype`: the compute (mixed-precision) dtype; float32 when unset. On CPU the driver has
+    already turned low-precision values into float32 (`verl.trainer.config.resolve_cpu_dtypes`)."""
+    return _canonical_dtype((fsdp_cfg or {}).get("dtype") or "float32")
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -250,12 +297,16 @@ class ActorRolloutRefWorker(Worker):
     def _build_actor(self) -> None:
         model_cfg = self.config.model
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
-        dtype = str(model_cfg.get("dtype", "float32"))
-        # low-precision runs keep float32 master weights; `_wrap_fsdp2` makes `dtype` the compute dtype
-        module = self._load_policy("float32", bool(model_cfg.get("enable_gradient_checkpointing", False)))
+        fsdp_cfg = actor_cfg.get("fsdp_config")
+        dtype = compute_dtype(fsdp_cfg)
+        # master weights in fsdp_config.model_dtype (verl: fp32); `_wrap_fsdp2` makes a low `dtype` the compute dtype
+        gradient_checkpointing = bool(model_cfg.get("enable_gradient_checkpointing", False))
+        module = self._load_policy(_model_dtype(fsdp_cfg), gradient_checkpointing)
         if self.use_lora:  # only the adapters train; the optimizer holds no state for the base weights
             module = apply_lora(module, model_cfg)
-        self.actor_module = _wrap_fsdp2(module, actor_cfg.get("fsdp_config"), dtype)
+        self.actor_module, self.offload_actor_optimizer = _wrap_fsdp2(
+            module, fsdp_cfg, dtype, self.device_name, "actor_rollout_ref.actor.fsdp_config"
+        )
         optim_cfg = actor_cfg.optim
         self.actor_optimizer = fsdp_utils.build_optimizer(self.actor_module, optim_cfg)
         total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
@@ -269,9 +320,10 @@ class ActorRolloutRefWorker(Worker):
         rollout_cfg = self.config.rollout
         name = rollout_cfg.get("name", "hf")
         rollout_cls = get_rollout_class(name)
-        if name == "vllm":
-            return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer)
-        dtype = str(rollout_cfg.get("dtype") or self.config.model.get("dtype", "float32"))
+        if getattr(rollout_cls, "builds_from_path", False):  # vllm, sglang: the engine loads model.path itself
+            trust = bool(self.config.model.get("trust_remote_code", False))
+            return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust)
+        dtype = _canonical_dtype(rollout_cfg.get("dtype") or compute_dtype(self.config.actor.get("fsdp_config")))
         module = self._load_policy(dtype)
         if self.use_lora:  # the same adapters; `_sync_rollout_weights` sends only them
             module = apply_lora(module, self.config.model)
@@ -281,9 +333,14 @@ class ActorRolloutRefWorker(Worker):
         if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
             self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
             return
-        dtype = str(self.config.model.get("dtype", "float32"))
         fsdp_cfg = self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
-        self.ref_module = _freeze(_wrap_fsdp2(self._load_policy(dtype), fsdp_cfg, dtype))
+        dtype = compute_dtype(fsdp_cfg)
+        # frozen: loading in the low-precision one of (model_dtype, compute dtype) gives the same forward
+        load_dtype = dtype if dtype in _LOW_PRECISION else _model_dtype(fsdp_cfg)
+        module, _ = _wrap_fsdp2(
+            self._load_policy(load_dtype), fsdp_cfg, dtype, self.device_name, "actor_rollout_ref.ref.fsdp_config"
+        )
+        self.ref_module = _freeze(module)
         self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.ref_module)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -303,8 +360,11 @@ class ActorRolloutRefWorker(Worker):
             self.workflow = build_workflow(self.config.rollout, self.tokenizer)
         if self._is_ref:
             self._build_ref()
-        if self.use_lora and self.actor is not None and self.rollout is not None:
-            self._sync_rollout_weights()  # the two copies' fresh adapters differ (B = 0 in both, A random)
+        engine_loads_path = getattr(self.rollout, "builds_from_path", False)
+        if (self.use_lora or engine_loads_path) and self.actor is not None and self.rollout is not None:
+            # LoRA: the two copies' fresh adapters differ (B = 0 in both, A random); vllm/sglang: built with
+            # rollout.load_format (verl's default `dummy` = random weights) until they get the actor's
+            self._sync_rollout_weights()
 
     def _require(self, part: Any, method: str, roles: str) -> None:
         if part is None:
@@ -390,7 +450,8 @@ class ActorRolloutRefWorker(Worker):
         """
         self._require(self.actor, "update_actor", "actor, actor_rollout or actor_rollout_ref")
         start = time.perf_counter()
-        metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))
+        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
+            metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
         passes = int(self.config.actor.get("ppo_epochs", 1))
         metrics["perf/mfu/actor"] = compute_mfu(
@@ -406,13 +467,15 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
         """Save the actor's sharded weights, optimizer, LR schedule and RNG (all ranks); HF copy with save_hf."""
         self._require(self.actor, "save_checkpoint", "actor, actor_rollout or actor_rollout_ref")
-        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
+            self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size), then push the weights to the rollout."""
         self._require(self.actor, "load_checkpoint", "actor, actor_rollout or actor_rollout_ref")
-        self.checkpoint_manager.load_checkpoint(local_path)
+        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
+            self.checkpoint_manager.load_checkpoint(local_path)
         if self.rollout is not None:
             self._sync_rollout_weights()
 
@@ -462,15 +525,18 @@ class CriticWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
         )
-        dtype = str(model_cfg.get("dtype", "float32"))
+        fsdp_cfg = _critic_fsdp_config(self.config)
+        dtype = compute_dtype(fsdp_cfg)
         module = fsdp_utils.load_token_classification_model(
             model_cfg.path,
-            dtype="float32",
+            dtype=_model_dtype(fsdp_cfg),
             attn_implementation=_attn_implementation(model_cfg, self.device_name),
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             trust_remote_code=trust,
         )
-        self.critic_module = _wrap_fsdp2(module, self.config.get("fsdp_config"), dtype)
+        self.critic_module, self.offload_critic_optimizer = _wrap_fsdp2(
+            module, fsdp_cfg, dtype, self.device_name, "critic.fsdp"
+        )
         optim_cfg = self.config.optim
         self.critic_optimizer = fsdp_utils.build_optimizer(self.critic_module, optim_cfg)
         total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
@@ -500,7 +566,8 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-function update; meta_info["metrics"] holds the critic metrics plus `critic/lr`."""
         self._check_ready("update_critic")
-        metrics = self.critic.update_critic(data)
+        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
+            metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = float(self.critic_lr_scheduler.get_last_lr()[0])
         self.critic_lr_scheduler.step()
         return _metrics_output(metrics)
@@ -509,93 +576,15 @@ class CriticWorker(Worker):
     def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
         """Save the critic's sharded weights, optimizer, LR schedule and RNG (all ranks)."""
         self._check_ready("save_checkpoint")
-        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
+            self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size)."""
         self._check_ready("load_checkpoint")
-        self.checkpoint_manager.load_checkpoint(local_path)
+        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
+            self.checkpoint_manager.load_checkpoint(local_path)
 
 
-# ----------------------------------------------------------------------------------------------- reward
-class RewardModelWorker(Worker):
-    """A frozen `AutoModelForSequenceClassification` (one label) scoring whole responses.
-
-    config: the `reward_model` section (`model.path`, `model.dtype`, `micro_batch_size_per_gpu`). The batch
-    must be tokenised with the reward model's own tokenizer (no re-tokenisation here).
-    """
-
-    def __init__(self, config: Any):
-        super().__init__()
-        self.config = _private_config(config)
-        self.device_name = get_device_name(self.config.get("device", "auto"))
-        self.micro_batch_size = _positive_int(
-            self.config.get("micro_batch_size_per_gpu", 16), "reward_model.micro_batch_size_per_gpu"
-        )
-        self.reward_module: nn.Module | None = None
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        from transformers import AutoModelForSequenceClassification
-
-        fsdp_utils.init_distributed()
-        model_cfg = self.config.model
-        dtype = str(model_cfg.get("dtype", "float32"))
-        module = AutoModelForSequenceClassification.from_pretrained(
-            model_cfg.path,
-            num_labels=1,
-            dtype=_LOW_PRECISION.get(dtype, torch.float32),
-            attn_implementation=_attn_implementation(model_cfg, self.device_name),
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-        )
-        if module.config.pad_token_id is None:  # HF refuses batches > 1 without one; its pooling is not used
-            module.config.pad_token_id = 0
-        self.score_head = _score_head(module)
-        self.reward_module = _freeze(fsdp_utils.apply_fsdp2(module))
-
-    @torch.no_grad()
-    def _sequence_scores(self, batch: Any) -> torch.Tensor:
-        """(bs,) score at each sequence's last attended token.
-
-        HF's own pooling looks for the last non-pad id, which breaks when pad == eos; instead the head's
-        per-token output (bs, seq_len, 1) is captured with a forward hook and read at the last attended position.
-        """
-        captured = {}
-        handle = self.score_head.register_forward_hook(lambda _m, _i, out: captured.__setitem__("scores", out))
-        try:
-            self.reward_module(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False,
-            )  # fmt: skip
-        finally:
-            handle.remove()
-        token_scores = captured["scores"][..., 0].float()  # (bs, seq_len)
-        last = (batch["position_ids"] * batch["attention_mask"]).argmax(dim=-1)
-        return token_scores[torch.arange(token_scores.shape[0], device=last.device), last]
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_rm_score(self, data: DataProto) -> DataProto:
-        """`rm_scores` (bs, response_len): the model's score at the last response token, 0 elsewhere."""
-        if self.reward_module is None:
-            raise RuntimeError("RewardModelWorker.compute_rm_score called before init_model")
-        device = next(self.reward_module.parameters()).device
-        response_mask = _response_mask(data)
-        scores = []
-        for micro in data.select(batch_keys=["input_ids", "attention_mask", "position_ids"]).split(
-            self.micro_batch_size
-        ):
-            scores.append(self._sequence_scores(micro.batch.to(device)).cpu())
-        scores = torch.cat(scores)
-        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-        last = (response_mask.sum(dim=-1).clamp(min=1) - 1).long()
-        rm_scores[torch.arange(len(scores)), last] = scores
-        return DataProto.from_dict(tensors={"rm_scores": rm_scores})
-
-
-def _score_head(module: nn.Module) -> nn.Module:
-    for name in ("score", "classifier"):
-        head = getattr(module, name, None)
-        if isinstance(head, nn.Module):
-            return head
-    raise ValueError(f"{type(module).__name__} has no `score` or `classifier` head to read token scores from")
+from verl.workers.reward_model_worker import RewardModelWorker  # noqa: E402  (verl's import path; the worker lives there)

@@ -43,7 +43,7 @@ def check_reward_config(config: Any, types: list[str]) -> None:
             "custom_reward_function.path is set together with data.domains; domains are scored by their reward "
             "worker type (data.domains.<name>.reward), so drop one of the two"
         )
-    manager = (config.get("reward_model") or {}).get("reward_manager") or "naive"
+    manager = ((config.get("reward") or {}).get("reward_manager") or {}).get("name") or "naive"
     if manager != "naive":
         raise ValueError(
             f"reward_model.reward_manager={manager!r} with data.domains: the reward workers score with the naive "

@@ -6,6 +6,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import (
+    MAGIC_ATTR,
     Dispatch,
     Execute,
     collect_outputs,
@@ -24,12 +25,17 @@ def _proto(n: int) -> DataProto:
     )
 
 
-def test_register_stores_settings_and_keeps_the_function():
+def test_register_stores_settings_and_wraps_the_function():
     def f(self, x):
         return x + 1
 
     g = register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, execute_mode=Execute.RANK_ZERO, blocking=False)(f)
-    assert g is f and g(None, 1) == 2
+    assert g.__wrapped__ is f and g.__name__ == "f" and g(None, 1) == 2
+    assert getattr(g, MAGIC_ATTR) == {
+        "dispatch_mode": Dispatch.DP_COMPUTE_PROTO,
+        "execute_mode": Execute.RANK_ZERO,
+        "blocking": False,
+    }
     attrs = get_register_attrs(g)
     assert (attrs.dispatch_mode, attrs.execute_mode, attrs.blocking) == (
         Dispatch.DP_COMPUTE_PROTO,
@@ -45,8 +51,10 @@ def test_register_stores_settings_and_keeps_the_function():
 
 
 def test_register_rejects_bad_modes():
-    with pytest.raises(TypeError, match="dispatch_mode must be a Dispatch member, got 'ONE_TO_ALL'"):
+    with pytest.raises(TypeError, match="dispatch_mode must be a Dispatch member or a dict .*, got 'ONE_TO_ALL'"):
         register(dispatch_mode="ONE_TO_ALL")
+    with pytest.raises(TypeError, match=r"missing \['collect_fn'\]"):
+        register(dispatch_mode={"dispatch_fn": print})
     with pytest.raises(TypeError, match="execute_mode"):
         register(execute_mode=Dispatch.ONE_TO_ALL)
     with pytest.raises(TypeError, match="blocking must be a bool"):
@@ -125,3 +133,39 @@ def test_dp_compute_proto_rejects_bad_arguments_and_outputs():
         collect_outputs(Dispatch.DP_COMPUTE_PROTO, [_proto(2), {"a": 1}], calls)
     with pytest.raises(ValueError, match="padded the input to 4 rows .* returned 6 rows"):
         collect_outputs(Dispatch.DP_COMPUTE_PROTO, [_proto(3), _proto(3)], calls)
+
+
+class _Group:
+    """A worker group stand-in for nd dispatch: world size 4, ranks 0/1 are dp 0, ranks 2/3 are dp 1."""
+
+    world_size = 4
+
+    def __init__(self):
+        self._dispatch_info, self._collect_info = {}, {}
+
+    def _query_dispatch_info(self, mesh_name):
+        return [0, 0, 1, 1]
+
+    def _query_collect_info(self, mesh_name):
+        return [True, False, True, False]
+
+
+def test_nd_dispatch_sends_a_dp_chunk_to_every_rank_of_it_and_collects_the_marked_ones():
+    from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn
+
+    mode = make_nd_compute_dataproto_dispatch_fn(mesh_name="train")
+    group = _Group()
+    calls = dispatch_calls(mode, 4, (_proto(4),), {}, worker_group=group)
+    assert [a[0].batch["x"].tolist() for a in calls.args] == [[0.0, 1.0], [0.0, 1.0], [2.0, 3.0], [2.0, 3.0]]
+    merged = collect_outputs(mode, [a[0] for a in calls.args], calls)
+    assert merged.batch["x"].tolist() == [0.0, 1.0, 2.0, 3.0] and group._dispatch_info == {"train": [0, 0, 1, 1]}
+
+
+def test_dp_compute_proto_marks_the_padding_rows_of_each_chunk():
+    from verl.protocol import PADDING_ROWS_KEY, real_row_mask
+
+    calls = dispatch_calls(Dispatch.DP_COMPUTE_PROTO, 4, (_proto(5),), {})  # 5 rows -> 8: 3 padding rows
+    assert [a[0].meta_info[PADDING_ROWS_KEY] for a in calls.args] == [0, 0, 1, 2]
+    assert real_row_mask(calls.args[2][0]).tolist() == [True, False]
+    merged = collect_outputs(Dispatch.DP_COMPUTE_PROTO, [a[0] for a in calls.args], calls)
+    assert len(merged) == 5 and PADDING_ROWS_KEY not in merged.meta_info

@@ -87,6 +87,8 @@ def test_advantage_estimator_enum_and_builtin_names():
         "opo",
         "grpo_passk",
         "gpg",
+        "rloo_vectorized",
+        "grpo_vectorized",
     ]
     for name in names + ["reinforce"]:
         assert callable(get_adv_estimator_fn(name))
@@ -96,20 +98,20 @@ def test_advantage_estimator_enum_and_builtin_names():
 
 
 def test_unknown_names_list_the_registered_ones():
-    with pytest.raises(ValueError, match=r"Unknown advantage estimator 'nope'.*'gae'.*'grpo'"):
+    with pytest.raises(ValueError, match=r"Unknown advantage estimator simply: nope; registered: \['gae'.*'grpo'"):
         get_adv_estimator_fn("nope")
-    with pytest.raises(ValueError, match=r"Unknown policy loss 'nope'.*'gspo'.*'vanilla'"):
+    with pytest.raises(ValueError, match=r"Unsupported loss mode: nope. Supported modes are: .*'gspo'.*'vanilla'"):
         get_policy_loss_fn("nope")
 
 
 def test_registering_a_taken_name_is_an_error():
-    with pytest.raises(ValueError, match="advantage estimator 'gae' is already registered"):
+    with pytest.raises(ValueError, match="Adv estimator gae has already been registered"):
 
         @register_adv_est(AdvantageEstimator.GAE)
         def other_gae(token_level_rewards, response_mask, config=None):
             return token_level_rewards, token_level_rewards
 
-    with pytest.raises(ValueError, match="policy loss 'vanilla' is already registered"):
+    with pytest.raises(ValueError, match="Policy loss vanilla has already been registered"):
 
         @register_policy_loss("vanilla")
         def other_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
@@ -716,5 +718,54 @@ def test_compute_advantage_runs_a_user_registered_estimator():
 def test_compute_advantage_errors_name_what_is_missing():
     with pytest.raises(ValueError, match=r"advantage estimator 'gae' needs 'values'"):
         compute_advantage(make_batch(response_mask=MASK), "gae")
-    with pytest.raises(ValueError, match=r"Unknown advantage estimator 'ppo'"):
+    with pytest.raises(ValueError, match=r"Unknown advantage estimator simply: ppo"):
         compute_advantage(make_batch(response_mask=MASK), "ppo")
+
+
+# ---------------------------------------------------------------- verl 0.9.1 API additions
+@pytest.mark.parametrize("norm", [True, False])
+def test_vectorized_estimators_match_the_loops(norm):
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(0)
+    index = np.array(["a", "b", "a", "c", "b", "a", "b"], dtype=object)  # group "c" has one member
+    mask = (torch.rand(7, 5, generator=gen) > 0.3).float()
+    rewards = torch.randn(7, 5, generator=gen) * mask
+    loop, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    vec, _ = core_algos.compute_grpo_vectorized_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    torch.testing.assert_close(vec, loop)
+    two_each = index[[0, 1, 2, 4]]
+    loop, _ = core_algos.compute_rloo_outcome_advantage(rewards[[0, 1, 2, 4]], mask[[0, 1, 2, 4]], two_each)
+    vec, _ = core_algos.compute_rloo_vectorized_outcome_advantage(rewards[[0, 1, 2, 4]], mask[[0, 1, 2, 4]], two_each)
+    torch.testing.assert_close(vec, loop)
+    assert get_adv_estimator_fn("grpo_vectorized") is core_algos.compute_grpo_vectorized_outcome_advantage
+
+
+def test_deprecated_compute_policy_loss_equals_vanilla_and_compute_rewards():
+    gen = torch.Generator().manual_seed(1)
+    old, new = torch.randn(3, 4, generator=gen), torch.randn(3, 4, generator=gen)
+    adv, mask = torch.randn(3, 4, generator=gen), torch.ones(3, 4)
+    with pytest.warns(DeprecationWarning, match="compute_policy_loss_vanilla"):
+        loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(old, new, adv, mask, cliprange=0.2)
+    ref, metrics = core_algos.compute_policy_loss_vanilla(old, new, adv, mask, config={"clip_ratio": 0.2})
+    torch.testing.assert_close(loss, ref)
+    assert clipfrac.item() == pytest.approx(metrics["actor/pg_clipfrac"])
+    assert ppo_kl.item() == pytest.approx(metrics["actor/ppo_kl"])
+    rewards = core_algos.compute_rewards(torch.ones(2, 2), torch.zeros(2, 2), torch.full((2, 2), -1.0), kl_ratio=0.5)
+    assert rewards.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    torch.testing.assert_close(core_algos.kl_penalty_forward(new, old, "k3"), core_algos.kl_penalty(new, old, "k3+"))
+
+
+def test_pf_ppo_resampling_keeps_size_and_prefers_high_scores():
+    from verl.protocol import DataProto
+
+    scores = torch.zeros(4, 3)
+    scores[2, -1] = 5.0
+    data = DataProto.from_dict(
+        tensors={"token_level_scores": scores, "row": torch.arange(4)}, meta_info={"k": [0, 1, 2, 3]}
+    )
+    torch.manual_seed(0)
+    out = core_algos.compute_pf_ppo_reweight_data(data, reweight_method="pow", weight_pow=2.0)
+    assert len(out) == 4 and out.batch["row"].tolist() == [2, 2, 2, 2] and out.meta_info["k"] == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="Unsupported reweight_method"):
+        core_algos.compute_pf_ppo_reweight_data(data, reweight_method="nope")

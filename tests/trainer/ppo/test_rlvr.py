@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests.cpu_overrides import cpu_config
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.metric_utils import compute_domain_metrics, compute_val_correct_metrics
@@ -25,7 +26,7 @@ LENGTHS = [2, 3, 1, 2, 3, 4]
 
 
 def base_config(**algorithm):
-    cfg = OmegaConf.load(CONFIG)
+    cfg = cpu_config()
     cfg.data.train_batch_size = 3
     for key, value in algorithm.items():
         OmegaConf.update(cfg, f"algorithm.{key}", value)

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import verl
+from tests.cpu_overrides import cpu_config
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.torch_functional import compute_position_id_with_mask
@@ -68,7 +69,7 @@ def parts(tiny_model_dir):
 
 def make_trainer(parts, workflow_factory, adv_estimator="grpo", **rollout_overrides):
     tokenizer, model = parts
-    config = OmegaConf.load(CONFIG_YAML)
+    config = cpu_config()
     config.algorithm.adv_estimator = adv_estimator
     rollout_cfg = config.actor_rollout_ref.rollout
     rollout_cfg.n, rollout_cfg.response_length, rollout_cfg.prompt_length = 2, 6, 16

@@ -28,6 +28,7 @@ from verl.workers.rollout.workflows import (
     register_workflow,
     rollout_batch,
 )
+from verl.workers.rollout.workflows.base import run_episodes_sync
 from verl.workers.rollout.workflows.multi_turn_tool import MultiTurnToolWorkflow
 from verl.workers.rollout.workflows.rlvr import RLVRWorkflow
 
@@ -42,7 +43,7 @@ def length_reward(data_source, solution_str, ground_truth, extra_info=None, **kw
 def run(rollout, data, workflow, max_concurrent=None):
     """What `rollout_batch` does, keeping the engine to read its counters."""
     engine = AsyncRolloutEngine(rollout, data.meta_info, **batching_options(rollout.config))
-    return engine.rollout_batch(data, workflow, max_concurrent), engine
+    return run_episodes_sync(engine, data, workflow, max_concurrent), engine
 
 
 def decode(tokenizer, ids):
@@ -191,6 +192,9 @@ def test_multi_turn_tool_needs_tools(make_config, tokenizer, tmp_path):
     assert workflow.registry.names() == ["shout"] and workflow.max_turns == 3
     with pytest.raises(ValueError, match=r"unknown tools \['nope'\]"):
         MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "tools": ["nope"]}), tokenizer)
+    assert workflow.tool_call_format.stop == "</tool_call>"  # multi_turn.format: verl's default hermes
+    with pytest.raises(ValueError, match=r"multi_turn.format='qwen3_coder' is not a known tool-call format"):
+        MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "format": "qwen3_coder"}), tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------- environment

@@ -9,7 +9,8 @@ and the group hands them to the other ranks.
 
 A Worker never initialises torch.distributed itself: the model workers do that in their `init_model`
 (`verl.utils.fsdp_utils.init_distributed()`, which reads the same variables), so the roles fused into one
-process share one process group. Must not import trainer or worker (layer 7) code.
+process share one process group. Also owns the per-mesh data-parallel ranks a worker registers for verl's nd
+dispatch (`_register_dispatch_collect_info`). Must not import trainer or worker (layer 7) code.
 """
 
 from __future__ import annotations
@@ -120,6 +121,56 @@ class Worker:
     def get_env(self) -> dict[str, str | None]:
         """The distributed environment variables as this process sees them (for checks and debugging)."""
         return {key: os.environ.get(key) for key in (*ENV_KEYS, NUM_THREADS_ENV)}
+
+    # -------------------------------------------------- nd dispatch (verl's make_nd_compute_dataproto_dispatch_fn)
+    def _mesh_info(self) -> tuple[dict[str, int], dict[str, bool]]:
+        if not hasattr(self, "_dispatch_dp_rank"):
+            self._dispatch_dp_rank: dict[str, int] = {}
+            self._collect_dp_rank: dict[str, bool] = {}
+        return self._dispatch_dp_rank, self._collect_dp_rank
+
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Say that this worker is data-parallel rank `dp_rank` of `mesh_name` and whether its output is
+        collected; the group's nd dispatch for that mesh reads it."""
+        dispatch, collect = self._mesh_info()
+        if mesh_name in dispatch or mesh_name in collect:
+            raise ValueError(f"mesh_name {mesh_name} has been registered")
+        dispatch[mesh_name] = dp_rank
+        collect[mesh_name] = is_collect
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This worker's dp rank in `mesh_name` (one per rank through the group)."""
+        dispatch, _ = self._mesh_info()
+        if mesh_name not in dispatch:
+            raise KeyError(f"{mesh_name} is not registered in {type(self).__name__}; call _register_dispatch_collect_info")
+        return dispatch[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        return self.query_collect_info(mesh_name)
+
+    def query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected for `mesh_name`."""
+        _, collect = self._mesh_info()
+        if mesh_name not in collect:
+            raise KeyError(f"{mesh_name} is not registered in {type(self).__name__}; call _register_dispatch_collect_info")
+        return collect[mesh_name]
+
+    def get_dispatch_collect(self) -> dict[str, dict]:
+        """All registered meshes: `{"dispatch_dp_rank": {mesh: dp rank}, "collect_dp_rank": {mesh: bool}}`."""
+        dispatch, collect = self._mesh_info()
+        return {"dispatch_dp_rank": dispatch, "collect_dp_rank": collect}
+
+    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]) -> None:
+        """Register `mesh_name` from another worker's `get_dispatch_collect()` values (fused workers)."""
+        dispatch, collect = self._mesh_info()
+        if mesh_name in dispatch or mesh_name in collect:
+            raise ValueError(f"{mesh_name} is already registered, {list(dispatch)}")
+        for dp_rank in dispatch_dp_rank.values():
+            dispatch[mesh_name] = dp_rank
+        for is_collect in collect_dp_rank.values():
+            collect[mesh_name] = is_collect
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_system_metrics(self) -> dict[str, float]:

@@ -26,6 +26,8 @@ class WorkerGroup:
     def _bind_methods(self, user_cls: type, method_prefix: str) -> None:
         """Expose each registered method `name` of `user_cls` as `self.name`, calling the workers'
         `method_prefix + name`."""
+        self._dispatch_info: dict[str, list[int]] = {}  # nd dispatch: mesh -> dp rank of each worker (verl)
+        self._collect_info: dict[str, list[bool]] = {}  # nd collect: mesh -> whether each worker is collected
         for name, attrs in registered_methods(user_cls).items():
             if hasattr(type(self), name):
                 raise ValueError(f"{user_cls.__name__}.{name} clashes with the worker group attribute of that name")

@@ -33,6 +33,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from verl.protocol import DataProtoFuture
 from verl.single_controller.base.decorator import (
     RegisterAttrs,
     collect_outputs,
@@ -179,10 +180,13 @@ class RayClassWithInitArgs:
 
 
 # ------------------------------------------------------------------------------------------------ futures
-class WorkerGroupFuture:
+class WorkerGroupFuture(DataProtoFuture):
     """The pending result of a group call. `.get()` waits for every rank that runs it and returns the
     collected result (the same value a blocking call returns); it may be called again and returns the
-    same value."""
+    same value. A `DataProtoFuture` (verl returns one for non-blocking DataProto methods); passed to another
+    group's method it is collected in the driver first (`collect_in_driver`), so padding is handled."""
+
+    collect_in_driver = True
 
     def __init__(
         self,
@@ -193,6 +197,7 @@ class WorkerGroupFuture:
         label: str,
         timeout_s: float | None,
     ) -> None:
+        super().__init__(collect_fn=finish, futures=refs)
         self._refs = refs
         self._ranks = ranks
         self._finish = finish
@@ -386,7 +391,7 @@ class RayWorkerGroup(WorkerGroup):
 
     # ------------------------------------------------------------------------------ calling methods
     def _call(self, name: str, actor_method: str, attrs: RegisterAttrs, args: tuple, kwargs: dict) -> WorkerGroupFuture:
-        calls = dispatch_calls(attrs.dispatch_mode, self.world_size, args, kwargs)
+        calls = dispatch_calls(attrs.dispatch_mode, self.world_size, args, kwargs, worker_group=self)
         rank_zero_only = runs_on_rank_zero_only(attrs)
         ranks = [0] if rank_zero_only else list(range(self.world_size))
         args, kwargs = put_shared_arguments(calls.args, calls.kwargs, ranks)
@@ -470,7 +475,7 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     for role, user_cls in roles.items():
         for name, attrs in registered_methods(user_cls).items():
             method = _forward_to_role(role, name)
-            register(attrs.dispatch_mode, attrs.execute_mode, attrs.blocking)(method)
+            method = register(attrs.dispatch_mode, attrs.execute_mode, attrs.blocking)(method)
             setattr(FusedWorker, method.__name__, method)
     FusedWorker.__name__ = FusedWorker.__qualname__ = "FusedWorker_" + "_".join(roles)
 

@@ -5,6 +5,14 @@ Guarantees: a step folder is written under a temporary name and renamed only whe
 complete (a crash mid-write never leaves a broken `global_step_N`), the tracker is replaced
 atomically after that rename, and retention deletes old folders only after the new one is complete.
 
+Retention (verl's `trainer.max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`): the actor limit N keeps the N
+newest step folders (a folder without its actor cannot be resumed, so an old folder goes whole, critic included);
+the critic limit M then removes `critic/` from all but the M newest folders. The newest folder always keeps both,
+so "latest" is never broken. Anything deleted is first renamed out of the way (one atomic rename), so a crash
+mid-deletion leaves either the whole part or no part, never a half-deleted one under its real name.
+
+Also owns `should_save_ckpt_esi` (verl's forced save before a cloud capacity block expires).
+
 Layer 8 helper: file-system work only.
 """
 
@@ -13,10 +21,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_MARKER = "COMPLETE"
 STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
+DELETING_PREFIX = ".deleting_"  # a folder renamed to this prefix is being removed (a crash may leave it)
+CRITIC_DIR = "critic"
 
 
 def step_dir(root: str, step: int) -> str:
@@ -30,6 +43,9 @@ def staging_dir(root: str, step: int) -> str:
 def begin_checkpoint(root: str, step: int) -> str:
     """Create (afresh) the staging folder for step `step` and return its path."""
     os.makedirs(root, exist_ok=True)
+    for name in os.listdir(root):  # what a crash during an earlier deletion left
+        if name.startswith(DELETING_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     path = staging_dir(root, step)
     if os.path.exists(path):
         shutil.rmtree(path)
@@ -46,9 +62,12 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def commit_checkpoint(root: str, step: int, max_to_keep: int | None = None) -> str:
+def commit_checkpoint(
+    root: str, step: int, max_to_keep: int | None = None, max_critic_to_keep: int | None = None
+) -> str:
     """Mark the staging folder complete, move it to `global_step_{step}`, update the tracker, and
-    apply retention. Returns the final folder."""
+    apply retention (`max_to_keep` step folders, `max_critic_to_keep` critic sub-folders; None or 0 keeps
+    all). Returns the final folder."""
     staging = staging_dir(root, step)
     _write_atomic(os.path.join(staging, COMPLETE_MARKER), str(step))
     final = step_dir(root, step)
@@ -62,10 +81,85 @@ def commit_checkpoint(root: str, step: int, max_to_keep: int | None = None) -> s
     else:
         os.replace(staging, final)
     _write_atomic(os.path.join(root, TRACKER_FILE), str(step))
-    if max_to_keep is not None and max_to_keep > 0:
-        for old_step in complete_steps(root)[:-max_to_keep]:
-            shutil.rmtree(step_dir(root, old_step), ignore_errors=True)
+    apply_retention(root, max_to_keep, max_critic_to_keep)
     return final
+
+
+def _remove(path: str, hidden: str) -> None:
+    """Rename `path` to `hidden` (atomic), then delete it: a crash leaves `path` whole or gone."""
+    if os.path.exists(hidden):
+        shutil.rmtree(hidden, ignore_errors=True)
+    os.replace(path, hidden)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def apply_retention(root: str, max_actor_to_keep: int | None, max_critic_to_keep: int | None) -> None:
+    """Keep the `max_actor_to_keep` newest complete step folders and `critic/` in only the `max_critic_to_keep`
+    newest of them (None, 0 or a negative number: keep all, as in verl)."""
+    steps = complete_steps(root)
+    if max_actor_to_keep is not None and max_actor_to_keep > 0:
+        for old in steps[:-max_actor_to_keep]:
+            _remove(step_dir(root, old), os.path.join(root, f"{DELETING_PREFIX}global_step_{old}"))
+        steps = steps[-max_actor_to_keep:]
+    if max_critic_to_keep is not None and max_critic_to_keep > 0:
+        for old in steps[:-max_critic_to_keep]:
+            critic = os.path.join(step_dir(root, old), CRITIC_DIR)
+            if os.path.isdir(critic):
+                _remove(critic, os.path.join(step_dir(root, old), f"{DELETING_PREFIX}{CRITIC_DIR}"))
+
+
+def retention_limits(trainer_config: Mapping) -> tuple[int | None, int | None]:
+    """(max_actor_ckpt_to_keep, max_critic_ckpt_to_keep) as verl reads them: None (keep all) or an int; verl's
+    deprecated `remove_previous_ckpt_in_save=true` means 1 and 1."""
+    if trainer_config.get("remove_previous_ckpt_in_save", False):
+        print(
+            "warning: trainer.remove_previous_ckpt_in_save is deprecated (as in verl); it keeps 1 checkpoint: "
+            "set max_actor_ckpt_to_keep=1 and max_critic_ckpt_to_keep=1 instead"
+        )
+        return 1, 1
+    limits = []
+    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        value = trainer_config.get(key, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"trainer.{key}={value!r} must be null (keep all) or an integer number of checkpoints")
+        limits.append(value)
+    return limits[0], limits[1]
+
+
+def check_resumable(path: str, need_critic: bool) -> None:
+    """Raise if the complete folder `path` lacks a part this run loads (a critic pruned by
+    max_critic_ckpt_to_keep, or a checkpoint saved by a run without a critic)."""
+    if need_critic and not os.path.isdir(os.path.join(path, CRITIC_DIR)):
+        raise FileNotFoundError(
+            f"checkpoint {path} has no {CRITIC_DIR}/ folder (removed by trainer.max_critic_ckpt_to_keep, or saved "
+            f"by a run without a critic); resume from a newer global_step_N or set trainer.resume_mode=disable"
+        )
+
+
+def should_save_ckpt_esi(max_steps_duration: float, save_ckpt_duration: float = 60, redundant_time: float = 0) -> bool:
+    """verl's expiring-instance check: True when the capacity block this job runs on (Volcengine MLP:
+    `MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP`, AWS SageMaker:
+    `SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP`, Unix seconds) ends within one more step plus a save plus
+    `redundant_time` (trainer.esi_redundant_time) seconds, so the trainer saves now. False without either variable."""
+    exp_mlp = os.getenv("MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
+    exp_aws = os.getenv("SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
+    if exp_mlp:
+        try:
+            remaining = float(exp_mlp) - time.time()
+        except ValueError:
+            return False
+        return (
+            0 < remaining
+            and max_steps_duration > 0
+            and remaining <= save_ckpt_duration + max_steps_duration + redundant_time
+        )
+    if exp_aws:
+        try:
+            left = datetime.fromtimestamp(int(exp_aws)) - datetime.now()
+        except ValueError:
+            return False
+        return left < timedelta(seconds=save_ckpt_duration + max_steps_duration + redundant_time)
+    return False
 
 
 def is_complete(path: str) -> bool:
@@ -104,3 +198,14 @@ def step_of(path: str) -> int:
     if not match:
         raise ValueError(f"checkpoint folder {path!r} is not named global_step_<N>")
     return int(match.group(1))
+
+
+def esi_save_due(trainer_config: Mapping, max_steps_duration: float) -> bool:
+    """verl's forced save: with `trainer.save_freq` > 0, True (and one line printed) when `should_save_ckpt_esi`
+    says the capacity block ends within the longest step so far, a save and `trainer.esi_redundant_time`."""
+    due = (trainer_config.get("save_freq") or 0) > 0 and should_save_ckpt_esi(
+        max_steps_duration, redundant_time=trainer_config.get("esi_redundant_time", 0)
+    )
+    if due:
+        print("Force saving checkpoint: ESI instance expiration approaching.")
+    return due

@@ -1,72 +1,115 @@
-"""PPO-family algorithm maths as pure functions on tensors, each registered by name.
+"""PPO-family algorithm maths behind registries: verl's `verl.trainer.ppo.core_algos` surface.
 
-Owns: the advantage-estimator registry (`register_adv_est`, `get_adv_estimator_fn`, `AdvantageEstimator`) and
-its estimators (gae, grpo, rloo, remax, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk,
-reinforce), the policy-loss registry (`register_policy_loss`, `get_policy_loss_fn`), `agg_loss`, the value and
-entropy losses, `get_kl_controller` and the `DataProto` step the trainer calls: `compute_advantage`.
-The built-in policy losses live in `policy_loss.py` and the KL estimators, controllers and `apply_kl_penalty` in
-`kl.py`; this module re-exports them all, so `core_algos.<name>` keeps working and importing it registers the losses.
-Layer 3 (DESIGN.md): imports torch, numpy, `verl.utils.torch_functional` and `verl.protocol` only; no models,
-Ray or I/O. The numbers follow verl 0.9.1 as written in specs/core_algos.md. Estimators run without gradient.
+Owns: the advantage-estimator registry (`ADV_ESTIMATOR_REGISTRY`, `register_adv_est`, `get_adv_estimator_fn`,
+`AdvantageEstimator`), the policy-loss registry (`POLICY_LOSS_REGISTRY`, `register_policy_loss`,
+`get_policy_loss_fn`), the value and entropy losses, `compute_rewards`, the deprecated functional
+`compute_policy_loss`, `get_kl_controller`, PF-PPO resampling and the `DataProto` step the trainer calls:
+`compute_advantage`. The built-in estimators live in `advantage.py`, the policy losses in `policy_loss.py`, the KL
+estimators and controllers in `kl.py`, `agg_loss` in `loss_aggregation.py`; none of them imports this module. This
+module registers the built-ins from their tables and re-exports everything, so `core_algos.<name>` is verl's API.
+Layer 3 (DESIGN.md): torch, numpy, `verl.utils` and those modules only; no models, Ray or I/O.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
-from collections import defaultdict
+import warnings
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.trainer.ppo.advantage import (
+    BUILTIN_ADV_ESTIMATORS,
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
 from verl.trainer.ppo.kl import (
     KL_PENALTY_MODES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
     kl_penalty,
+    kl_penalty_forward,
+)
+from verl.trainer.ppo.loss_aggregation import LOSS_AGG_MODES, agg_loss, cfg_get
+from verl.trainer.ppo.policy_loss import (
+    BUILTIN_POLICY_LOSSES,
+    GLOBAL_BATCH_KEYS,
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_topr,
+    compute_policy_loss_vanilla,
 )
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 __all__ = [
-    "LOSS_AGG_MODES",
-    "KL_PENALTY_MODES",
+    "ADV_ESTIMATOR_REGISTRY",
     "GLOBAL_BATCH_KEYS",
-    "AdvantageEstimator",
-    "register_adv_est",
-    "get_adv_estimator_fn",
-    "register_policy_loss",
-    "get_policy_loss_fn",
-    "agg_loss",
-    "kl_penalty",
-    "compute_value_loss",
-    "compute_entropy_loss",
-    "FixedKLController",
+    "KL_PENALTY_MODES",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
-    "get_kl_controller",
+    "AdvantageEstimator",
+    "FixedKLController",
+    "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",
-    "compute_policy_loss_vanilla",
-    "compute_policy_loss_gspo",
-    "compute_policy_loss_clip_cov",
-    "compute_policy_loss_kl_cov",
-    "compute_policy_loss_gpg",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_pf_ppo_reweight_data",
+    "compute_policy_loss",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
     "compute_policy_loss_topr",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rewards",
+    "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_value_loss",
+    "get_adv_estimator_fn",
+    "get_kl_controller",
+    "get_policy_loss_fn",
+    "kl_penalty",
+    "kl_penalty_forward",
+    "register_adv_est",
+    "register_policy_loss",
 ]
-
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 # ----------------------------------------------------------------------------------------------- registries
-
-
 class AdvantageEstimator(str, Enum):
     """Names of the built-in advantage estimators (any registered string name works too)."""
 
@@ -79,41 +122,43 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     GPG = "gpg"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_VECTORIZED = "grpo_vectorized"
 
 
+# The registries are module globals looked up at call time (a test may swap in a new dict, as verl's tests do).
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
 POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
 
 
-def _register(registry: dict[str, Callable], kind: str, name: str, fn: Callable) -> None:
-    existing = registry.get(name)
-    same = existing is fn or (
-        existing is not None
-        and (existing.__module__, existing.__qualname__) == (fn.__module__, fn.__qualname__)  # module re-import
+def _same_function(a: Callable, b: Callable) -> bool:
+    """The same function, or the same definition seen again after a module re-import."""
+    return a is b or (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None),
+        getattr(b, "__qualname__", None),
     )
-    if existing is not None and not same:
-        raise ValueError(
-            f"{kind} {name!r} is already registered to {existing.__module__}.{existing.__qualname__}; pick another name"
-        )
-    registry[name] = fn
 
 
 def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
-    """Decorator registering an advantage estimator under a name (a str or an `AdvantageEstimator`)."""
-    name = name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
+    """Decorator registering an advantage estimator under a name (a str or an `AdvantageEstimator`); registering
+    another function under a taken name raises ValueError. Returns the function unchanged."""
 
     def decorator(fn: Callable) -> Callable:
-        _register(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name, fn)
+        name = name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
+        existing = ADV_ESTIMATOR_REGISTRY.get(name)
+        if existing is not None and not _same_function(existing, fn):
+            raise ValueError(f"Adv estimator {name} has already been registered: {existing} vs {fn}")
+        ADV_ESTIMATOR_REGISTRY[name] = fn
         return fn
 
     return decorator
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
-    """The estimator registered under `name_or_enum`; ValueError listing the registered names if unknown."""
+    """The estimator registered under `name_or_enum` (case-sensitive); ValueError if unknown."""
     name = name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
     if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"Unknown advantage estimator {name!r}; registered: {sorted(ADV_ESTIMATOR_REGISTRY)}")
+        raise ValueError(f"Unknown advantage estimator simply: {name}; registered: {sorted(ADV_ESTIMATOR_REGISTRY)}")
     return ADV_ESTIMATOR_REGISTRY[name]
 
 
@@ -122,7 +167,10 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     config, rollout_log_probs) -> (loss, metrics)` under `name`."""
 
     def decorator(fn: Callable) -> Callable:
-        _register(POLICY_LOSS_REGISTRY, "policy loss", name, fn)
+        existing = POLICY_LOSS_REGISTRY.get(name)
+        if existing is not None and not _same_function(existing, fn):
+            raise ValueError(f"Policy loss {name} has already been registered: {existing} vs {fn}")
+        POLICY_LOSS_REGISTRY[name] = fn
         return fn
 
     return decorator
@@ -131,340 +179,60 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
 def get_policy_loss_fn(name: str) -> Callable:
     """The policy loss registered under `name`; ValueError listing the registered names if unknown."""
     if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"Unknown policy loss {name!r}; registered: {sorted(POLICY_LOSS_REGISTRY)}")
+        raise ValueError(f"Unsupported loss mode: {name}. Supported modes are: {sorted(POLICY_LOSS_REGISTRY)}")
     return POLICY_LOSS_REGISTRY[name]
 
 
-# ------------------------------------------------------------------------------------------------- helpers
+for _name, _fn in BUILTIN_ADV_ESTIMATORS.items():
+    register_adv_est(_name)(_fn)
+for _name, _fn in BUILTIN_POLICY_LOSSES.items():
+    register_policy_loss(_name)(_fn)
 
 
-def _cfg_get(config: Any, key: str, default: Any) -> Any:
-    """config[key] for a dict / DictConfig / dataclass config; `default` when config, key or value is None."""
-    if config is None:
-        return default
-    value = config.get(key, None) if hasattr(config, "get") else getattr(config, key, None)
-    return default if value is None else value
-
-
-def _group_rows(index: np.ndarray | list, batch_size: int) -> dict[Any, list[int]]:
-    """Row numbers of each group id, in first-seen order."""
-    if len(index) != batch_size:
-        raise ValueError(f"index has {len(index)} entries but the batch has {batch_size} rows")
-    groups: dict[Any, list[int]] = defaultdict(list)
-    for row, uid in enumerate(index):
-        groups[uid].append(row)
-    return groups
-
-
-# ------------------------------------------------------------------------------------- advantage estimators
-
-
-@register_adv_est(AdvantageEstimator.GAE)
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation (Schulman et al. 2016, https://arxiv.org/abs/1506.02438).
-
-    Backwards over t: delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}. On masked-out
-    tokens (padding, tool observations) the running next value and A are carried through unchanged.
-    returns = A + V (before whitening); advantages = masked_whiten(A, mask).
-    Shapes: all inputs and outputs (bs, response_length).
-    """
-    with torch.no_grad():
-        next_value = torch.zeros_like(values[:, 0])
-        last_gae = torch.zeros_like(values[:, 0])
-        gae_reversed = []
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            mask_t = response_mask[:, t]
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            gae_t = delta + gamma * lam * last_gae
-            next_value = values[:, t] * mask_t + (1 - mask_t) * next_value
-            last_gae = gae_t * mask_t + (1 - mask_t) * last_gae
-            gae_reversed.append(last_gae)
-        gae = torch.stack(gae_reversed[::-1], dim=1)
-        returns = gae + values
-        advantages = verl_F.masked_whiten(gae, response_mask)
-    return advantages, returns
-
-
-@register_adv_est(AdvantageEstimator.GRPO)
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (DeepSeekMath, https://arxiv.org/abs/2402.03300).
-
-    score_i = sum_t r_{i,t}; per group (same `index`): A_i = (score_i - mean) / (std + epsilon), std unbiased
-    (`torch.std`); a group of one uses mean 0, std 1. With `norm_adv_by_std_in_grpo=False`: A_i = score_i - mean
-    (Dr.GRPO, https://arxiv.org/abs/2503.20783). A_i is broadcast over the response tokens; returns = advantages.
-    Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = torch.empty_like(scores)
-        for rows in _group_rows(index, scores.shape[0]).values():
-            group = scores[rows]
-            if len(rows) == 1:
-                mean, std = torch.tensor(0.0), torch.tensor(1.0)
-            else:
-                mean, std = torch.mean(group), torch.std(group)
-            centred = group - mean
-            advantages[rows] = centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred
-        advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est(AdvantageEstimator.GRPO_PASSK)
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass@k GRPO advantage (Chen et al. 2025, https://arxiv.org/abs/2503.19595).
-
-    Per group only the best response gets a non-zero advantage: r_max - r_second_max, divided by
-    (group std + epsilon) when `norm_adv_by_std_in_grpo` (read from `config` when given, as verl does).
-    Every group needs at least 2 responses. Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    norm_by_std = _cfg_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = torch.zeros_like(scores)
-        for uid, rows in _group_rows(index, scores.shape[0]).items():
-            group = scores[rows]
-            if len(rows) < 2:
-                raise ValueError(f"grpo_passk needs at least 2 samples per group; group {uid!r} has {len(rows)}")
-            top2, top2_pos = torch.topk(group, 2)
-            advantage = top2[0] - top2[1]
-            if norm_by_std:
-                advantage = advantage / (torch.std(group) + epsilon)
-            advantages[rows[int(top2_pos[0])]] = advantage
-        advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with a group baseline (Hu 2025, https://arxiv.org/abs/2501.03262).
-
-    score_i minus its group mean (a group of one: mean 0), broadcast over the response, then whitened over the
-    whole batch: A = masked_whiten(centred * mask, mask) * mask. returns = advantages.
-    Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        centred = torch.empty_like(scores)
-        for rows in _group_rows(index, scores.shape[0]).values():
-            group = scores[rows]
-            centred[rows] = group - (torch.tensor(0.0) if len(rows) == 1 else torch.mean(group))
-        centred = centred.unsqueeze(-1).tile([1, token_level_rewards.shape[-1]]) * response_mask
-        advantages = verl_F.masked_whiten(centred, response_mask) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est(AdvantageEstimator.RLOO)
-def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740).
-
-    In a group of n > 1: A_i = score_i - mean of the other n - 1 scores = score_i * n/(n-1) - mean * n/(n-1).
-    A group of one keeps its score. Broadcast over the response; returns = advantages.
-    Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = scores.clone()
-        for rows in _group_rows(index, scores.shape[0]).values():
-            n = len(rows)
-            if n > 1:
-                group = scores[rows]
-                advantages[rows] = group * n / (n - 1) - torch.mean(group) * n / (n - 1)
-        advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est(AdvantageEstimator.OPO)
-def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """On-Policy RL with Optimal reward baseline (Hao et al. 2025, https://arxiv.org/abs/2505.23585).
-
-    baseline = sum_j |y_j| * score_j / sum_j |y_j| over the group (|y| = response length from the mask);
-    a group of one has baseline 0. A_i = score_i - baseline, broadcast over the response; returns = advantages.
-    Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    with torch.no_grad():
-        lengths = response_mask.sum(dim=-1)
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = torch.empty_like(scores)
-        for rows in _group_rows(index, scores.shape[0]).values():
-            group, group_len = scores[rows], lengths[rows]
-            baseline = torch.tensor(0.0) if len(rows) == 1 else (group_len * group).sum() / group_len.sum()
-            advantages[rows] = group - baseline
-        advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config: Any = None, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262).
-
-    Discounted return-to-go G_t = r_t + gamma * G_{t+1} with gamma = config["gamma"] (1.0 when absent); masked
-    tokens are skipped (G carried through unchanged). advantages = masked_whiten(G, mask) * mask; returns = G.
-    Shapes: (bs, response_length).
-    """
-    gamma = _cfg_get(config, "gamma", 1.0)
-    with torch.no_grad():
-        returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0])
-        for t in reversed(range(token_level_rewards.shape[1])):
-            mask_t = response_mask[:, t]
-            running = (token_level_rewards[:, t] + gamma * running) * mask_t + (1 - mask_t) * running
-            returns[:, t] = running
-        advantages = verl_F.masked_whiten(returns, response_mask) * response_mask
-    return advantages, returns
-
-
-@register_adv_est(AdvantageEstimator.REMAX)
-def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax (Li et al. 2023, https://arxiv.org/abs/2310.10505): the greedy response's reward is the baseline.
-
-    returns = reverse cumulative sum of rewards * mask; advantages = returns - baseline * mask (no whitening).
-    Shapes: rewards/mask (bs, response_length), reward_baselines (bs,).
-    """
-    with torch.no_grad():
-        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
-    return advantages, returns
-
-
-@register_adv_est(AdvantageEstimator.GPG)
-def compute_gpg_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    f_norm: float = 1.0,
-    alpha: float = 1.0,
-    config: Any = None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546).
-
-    A_i = alpha * (score_i - group mean) / f_norm with alpha = bs / max(1, number of non-zero scores) (the
-    argument `alpha` is replaced by that batch correction, as in verl); a group of one has mean 0.
-    Broadcast over the response; returns = advantages. Shapes: rewards/mask (bs, response_length), index (bs,).
-    """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
-        advantages = torch.empty_like(scores)
-        for rows in _group_rows(index, scores.shape[0]).values():
-            group = scores[rows]
-            mean = torch.tensor(0.0) if len(rows) == 1 else torch.mean(group)
-            advantages[rows] = alpha * (group - mean) / f_norm
-        advantages = advantages.unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-@register_adv_est("reinforce")
-def compute_reinforce_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config: Any = None, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain REINFORCE with a batch-mean baseline (Williams 1992; ROLL's `reinforce` with batch mean normalisation).
-
-    A_i = score_i - mean_j score_j over the whole batch, broadcast over the response; returns = advantages.
-    Shapes: (bs, response_length).
-    """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = (scores - scores.mean()).unsqueeze(-1) * response_mask
-    return advantages, advantages
-
-
-# ------------------------------------------------------------------------------------------- loss aggregation
-
-
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    dp_size: int = 1,
-    batch_num_tokens: int | torch.Tensor | None = None,
-    global_batch_size: int | torch.Tensor | None = None,
-    loss_scale_factor: float | None = None,
+# ----------------------------------------------------------------------------------------- rewards, losses
+def compute_rewards(
+    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
 ) -> torch.Tensor:
-    """Aggregate a per-token loss (bs, response_length) of one micro-batch into a scalar.
+    """KL-penalised token rewards: scores - kl_ratio * (old_log_prob - ref_log_prob). All (bs, response_length)."""
+    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
 
-    Correct under data parallelism: each rank passes the global counts and `dp_size`; the gradient all-reduce
-    mean over ranks then yields the loss of the whole global batch.
-      token-mean:              masked_sum / batch_num_tokens * dp_size  (batch_num_tokens: global token count)
-      token-sum:               masked_sum * dp_size
-      seq-mean-token-sum:      sum over sequences with any token of their token sums / global_batch_size * dp_size
-      seq-mean-token-mean:     the same with per-sequence token means (denominator + 1e-8)
-      seq-mean-token-sum-norm: seq-mean-token-sum / loss_scale_factor (default: loss_mask.shape[-1], Dr.GRPO)
-    Without global counts (dp_size 1) the local ones are used; an empty micro-batch gives 0, not NaN.
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deprecated functional dual-clip PPO loss (use `compute_policy_loss_vanilla`); verl still ships it.
+
+    The same numbers as the "vanilla" loss with clip_ratio = `cliprange`, aggregated locally (no global batch
+    info). Returns `(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)` as tensors.
     """
-    if loss_agg_mode == "token-mean":
-        if batch_num_tokens is None:
-            if dp_size > 1:
-                raise ValueError(f"token-mean with dp_size={dp_size} needs batch_num_tokens (the global token count)")
-            batch_num_tokens = loss_mask.sum().clamp(min=1)
-        return verl_F.masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size
-    if loss_agg_mode == "token-sum":
-        return verl_F.masked_sum(loss_mat, loss_mask) * dp_size
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
-        token_counts = loss_mask.sum(dim=-1)
-        seq_losses = verl_F.masked_sum(loss_mat, loss_mask, axis=-1)
-        if loss_agg_mode == "seq-mean-token-mean":
-            seq_losses = seq_losses / (token_counts + 1e-8)
-        seq_mask = (token_counts > 0).float()
-        if global_batch_size is None:
-            if dp_size > 1:
-                raise ValueError(f"{loss_agg_mode} with dp_size={dp_size} needs global_batch_size (global sequences)")
-            global_batch_size = seq_mask.sum().clamp(min=1)
-        loss = verl_F.masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size
-        if loss_agg_mode == "seq-mean-token-sum-norm":
-            loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mask.shape[-1])
-        return loss
-    raise ValueError(f"Invalid loss_agg_mode {loss_agg_mode!r}; choose one of {list(LOSS_AGG_MODES)}")
-
-
-# ----------------------------------------------------------------------------------------- value, entropy
+    warnings.warn(
+        "compute_policy_loss is deprecated; use verl.trainer.ppo.core_algos.compute_policy_loss_vanilla",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if not clip_ratio_c > 1.0:
+        raise ValueError(
+            f"The lower bound of the clip_ratio_c for dual-clip PPO should be greater than 1.0, got {clip_ratio_c}."
+        )
+    config = {
+        "clip_ratio": cliprange,
+        "clip_ratio_low": cliprange if cliprange_low is None else cliprange_low,
+        "clip_ratio_high": cliprange if cliprange_high is None else cliprange_high,
+        "clip_ratio_c": clip_ratio_c,
+    }
+    pg_loss, metrics = compute_policy_loss_vanilla(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=loss_agg_mode, config=config
+    )
+    as_tensor = lambda name: torch.tensor(metrics[name], device=pg_loss.device)  # noqa: E731
+    return pg_loss, as_tensor("actor/pg_clipfrac"), as_tensor("actor/ppo_kl"), as_tensor("actor/pg_clipfrac_lower")
 
 
 def compute_value_loss(
@@ -510,16 +278,42 @@ def compute_entropy_loss(
 
 def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
     """KL controller from config keys type (fixed | adaptive), kl_coef, target_kl, horizon."""
-    ctrl_type = _cfg_get(kl_ctrl_config, "type", None)
-    kl_coef = _cfg_get(kl_ctrl_config, "kl_coef", 0.001)
+    ctrl_type = cfg_get(kl_ctrl_config, "type", None)
+    kl_coef = cfg_get(kl_ctrl_config, "kl_coef", 0.001)
     if ctrl_type == "fixed":
         return FixedKLController(kl_coef=kl_coef)
     if ctrl_type == "adaptive":
-        horizon = _cfg_get(kl_ctrl_config, "horizon", 10000)
+        horizon = cfg_get(kl_ctrl_config, "horizon", 10000)
         if horizon <= 0:
             raise ValueError(f"kl_ctrl.horizon must be > 0 for the adaptive controller, got {horizon}")
-        return AdaptiveKLController(kl_coef, _cfg_get(kl_ctrl_config, "target_kl", 0.1), horizon)
+        return AdaptiveKLController(kl_coef, cfg_get(kl_ctrl_config, "target_kl", 0.1), horizon)
     raise ValueError(f"Unknown kl_ctrl.type {ctrl_type!r}; choose one of ['fixed', 'adaptive']")
+
+
+def compute_pf_ppo_reweight_data(data: DataProto, reweight_method: str = "pow", weight_pow: float = 2.0) -> DataProto:
+    """PF-PPO (Policy Filtration, https://arxiv.org/abs/2409.06957): resample the batch, with replacement, with
+    weights from the sequence scores (sum of token_level_scores): "pow" |s|^weight_pow, "max_min" 1 for the
+    highest and lowest score else 0, "max_random" 0.4 for the highest else 0.1 (+1e-8 each). Returns a new
+    DataProto of the same size; meta_info lists of batch length are resampled too."""
+    scores = data.batch["token_level_scores"].sum(dim=-1)
+    with torch.no_grad():
+        if reweight_method == "pow":
+            weights = torch.pow(torch.abs(scores), weight_pow)
+        elif reweight_method == "max_min":
+            weights = ((scores == scores.max()) | (scores == scores.min())).float()
+        elif reweight_method == "max_random":
+            weights = torch.where(scores == scores.max(), 0.4, 0.1)
+        else:
+            raise ValueError(f"Unsupported reweight_method: {reweight_method!r}; allowed: pow, max_min, max_random")
+        weights = torch.clamp(weights + 1e-8, min=1e-8)
+    batch_size = scores.shape[0]
+    sample = torch.multinomial(weights, batch_size, replacement=True)
+    resampled = data.select_idxs(sample)
+    resampled.meta_info = {
+        key: [value[i] for i in sample.tolist()] if isinstance(value, list) and len(value) == batch_size else value
+        for key, value in copy.deepcopy(data.meta_info).items()
+    }
+    return resampled
 
 
 # -------------------------------------------------------------------------------------- DataProto steps
@@ -585,28 +379,10 @@ def compute_advantage(
             available[key] = batch[key]
     if "uid" in data.non_tensor_batch:
         available["index"] = data.non_tensor_batch["uid"]
-    if _cfg_get(config, "epsilon", None) is not None:
-        available["epsilon"] = _cfg_get(config, "epsilon", None)
+    if cfg_get(config, "epsilon", None) is not None:
+        available["epsilon"] = cfg_get(config, "epsilon", None)
 
     advantages, returns = fn(**_estimator_kwargs(fn, available, name))
     batch["advantages"] = advantages
     batch["returns"] = returns
     return data
-
-
-# ------------------------------------------------------------------------------------ built-in policy losses
-
-# Imported last, on purpose: policy_loss.py imports `register_policy_loss`, `agg_loss` and `_cfg_get` from this
-# module (at its own end), so they must be defined before this line runs. Importing it here registers the built-in
-# losses whenever core_algos is imported and re-exports them under their old names.
-from verl.trainer.ppo.policy_loss import (  # noqa: E402
-    GLOBAL_BATCH_KEYS,
-    compute_policy_loss_cispo,
-    compute_policy_loss_clip_cov,
-    compute_policy_loss_gpg,
-    compute_policy_loss_gspo,
-    compute_policy_loss_kl_cov,
-    compute_policy_loss_reinforce,
-    compute_policy_loss_topr,
-    compute_policy_loss_vanilla,
-)

@@ -1,7 +1,7 @@
 """KL between the actor and the reference policy: per-token estimators, KL-coefficient controllers, KL in reward.
 
-Owns: `kl_penalty` (the k1/abs/k2/k3 estimators and their "+" straight-through variants), `FixedKLController`,
-`AdaptiveKLController` and the `DataProto` step `apply_kl_penalty`. `get_kl_controller` (reads config) stays in
+Owns: `kl_penalty` (the k1/abs/k2/k3 estimators and their "+" straight-through variants), `kl_penalty_forward`,
+`FixedKLController`, `AdaptiveKLController` and the `DataProto` step `apply_kl_penalty`. `get_kl_controller` (reads config) stays in
 core_algos, which re-exports everything here. Layer 3 (DESIGN.md): imports torch, numpy and
 `verl.utils.torch_functional` only (DataProto for type hints); must not import core_algos, models, Ray or I/O.
 """
@@ -18,9 +18,21 @@ import verl.utils.torch_functional as verl_F
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
-__all__ = ["KL_PENALTY_MODES", "kl_penalty", "FixedKLController", "AdaptiveKLController", "apply_kl_penalty"]
+__all__ = [
+    "KL_PENALTY_MODES",
+    "kl_penalty",
+    "kl_penalty_forward",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "apply_kl_penalty",
+]
 
 KL_PENALTY_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The value of the KL estimator `kl_penalty` (no "+" suffix; see `kl_penalty`). Shapes: (bs, response_length)."""
+    return _kl_value(logprob, ref_logprob, kl_penalty)
 
 
 def _kl_value(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.metric import Metric
+from verl.utils.metric import reduce_metrics as verl_reduce_metrics
 
 
 @contextmanager
@@ -125,12 +127,24 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n
     return metrics
 
 
+def _flatten(value: Any) -> list:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [x for item in value for x in _flatten(item)]
+    return [value]
+
+
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Mean of each list-valued metric (workers return lists per micro-batch and per rank)."""
+    """One float per metric: a `verl.utils.metric.Metric` (or a list of them, one per rank) by its aggregation,
+    a list (per micro-batch, nested per rank by `DataProto.concat`) by its mean, or its sum for the
+    `*nonfinite_steps` counters."""
     out = {}
     for key, value in metrics.items():
-        if isinstance(value, (list, tuple, np.ndarray)):
-            flat = np.asarray(value, dtype=np.float64).reshape(-1)
+        if isinstance(value, Metric) or (
+            isinstance(value, list) and value and all(isinstance(v, Metric) for v in value)
+        ):
+            out[key] = float(verl_reduce_metrics({key: value})[key])
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            flat = np.asarray(_flatten(value), dtype=np.float64).reshape(-1)
             if flat.size == 0:
                 continue
             # counters are summed, everything else averaged

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.trainer.ppo.loss_aggregation import agg_loss, cfg_get
 
 __all__ = [
     "GLOBAL_BATCH_KEYS",
@@ -39,12 +40,12 @@ GLOBAL_BATCH_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_s
 
 def _agg_kwargs(config: Any) -> dict[str, Any]:
     """agg_loss's global-batch arguments from config.global_batch_info (and config.loss_scale_factor)."""
-    info = dict(_cfg_get(config, "global_batch_info", None) or {})
+    info = dict(cfg_get(config, "global_batch_info", None) or {})
     unknown = sorted(set(info) - set(GLOBAL_BATCH_KEYS))
     if unknown:
         raise ValueError(f"global_batch_info has unknown keys {unknown}; allowed: {list(GLOBAL_BATCH_KEYS)}")
-    if "loss_scale_factor" not in info and _cfg_get(config, "loss_scale_factor", None) is not None:
-        info["loss_scale_factor"] = _cfg_get(config, "loss_scale_factor", None)
+    if "loss_scale_factor" not in info and cfg_get(config, "loss_scale_factor", None) is not None:
+        info["loss_scale_factor"] = cfg_get(config, "loss_scale_factor", None)
     return info
 
 
@@ -52,7 +53,7 @@ def _apply_tis(
     pg_losses: torch.Tensor, old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor | None, config: Any
 ) -> torch.Tensor:
     """Truncated importance sampling (verl's TIS): pg_losses * min(exp(old_logp - rollout_logp), cap), if cap > 0."""
-    cap = _cfg_get(config, "tis_imp_ratio_cap", -1)
+    cap = cfg_get(config, "tis_imp_ratio_cap", -1)
     if cap <= 0 or rollout_log_probs is None:
         return pg_losses
     weights = torch.exp(old_log_prob - rollout_log_probs).clamp(max=cap).detach()
@@ -69,17 +70,17 @@ def _apply_decoupled(
     w > `behav_imp_weight_cap` (when set) get weight 0, i.e. are dropped but still counted by the aggregation, as
     in AReaL (verl's TIS truncates w at its cap instead).
     """
-    if not _cfg_get(config, "use_decoupled_loss", False):
+    if not cfg_get(config, "use_decoupled_loss", False):
         return pg_losses
     if rollout_log_probs is None:
         raise ValueError(
             "actor.use_decoupled_loss=true needs rollout_log_probs (the behaviour policy's log-probs) in the batch; "
             "set actor_rollout_ref.rollout.calculate_log_probs=true"
         )
-    if _cfg_get(config, "tis_imp_ratio_cap", -1) > 0:
+    if cfg_get(config, "tis_imp_ratio_cap", -1) > 0:
         raise ValueError("actor.use_decoupled_loss=true and actor.tis_imp_ratio_cap > 0: set only one of the two")
     weights = torch.exp(old_log_prob - rollout_log_probs).detach()
-    cap = _cfg_get(config, "behav_imp_weight_cap", None)
+    cap = cfg_get(config, "behav_imp_weight_cap", None)
     if cap is not None:
         weights = torch.where(weights <= cap, weights, torch.zeros_like(weights))
     return pg_losses * weights
@@ -118,8 +119,8 @@ def _metrics(pg_clipfrac: Any = 0.0, ppo_kl: Any = 0.0, pg_clipfrac_lower: Any =
 
 
 def _clip_range(config: Any) -> tuple[float, float]:
-    clip_ratio = _cfg_get(config, "clip_ratio", 0.2)
-    return _cfg_get(config, "clip_ratio_low", clip_ratio), _cfg_get(config, "clip_ratio_high", clip_ratio)
+    clip_ratio = cfg_get(config, "clip_ratio", 0.2)
+    return cfg_get(config, "clip_ratio_low", clip_ratio), cfg_get(config, "clip_ratio_high", clip_ratio)
 
 
 # ------------------------------------------------------------------------------------------------ policy losses
@@ -142,7 +143,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_c (3.0, must be > 1). Shapes: all (bs, response_length).
     """
     clip_low, clip_high = _clip_range(config)
-    clip_ratio_c = _cfg_get(config, "clip_ratio_c", 3.0)
+    clip_ratio_c = cfg_get(config, "clip_ratio_c", 3.0)
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
 
@@ -211,10 +212,10 @@ def compute_policy_loss_clip_cov(
     max(1, int(clip_cov_ratio * n_tokens)) of them get no gradient (loss zeroed). Config.policy_loss:
     clip_cov_ratio (0.0002), clip_cov_lb (1.0), clip_cov_ub (5.0). pg_clipfrac = share of zeroed tokens.
     """
-    policy_cfg = _cfg_get(config, "policy_loss", None)
-    clip_cov_ratio = _cfg_get(policy_cfg, "clip_cov_ratio", 0.0002)
-    clip_cov_lb = _cfg_get(policy_cfg, "clip_cov_lb", 1.0)
-    clip_cov_ub = _cfg_get(policy_cfg, "clip_cov_ub", 5.0)
+    policy_cfg = cfg_get(config, "policy_loss", None)
+    clip_cov_ratio = cfg_get(policy_cfg, "clip_cov_ratio", 0.0002)
+    clip_cov_lb = cfg_get(policy_cfg, "clip_cov_lb", 1.0)
+    clip_cov_ub = cfg_get(policy_cfg, "clip_cov_ub", 5.0)
     if clip_cov_ratio <= 0:
         raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {clip_cov_ratio}")
     clip_low, clip_high = _clip_range(config)
@@ -257,9 +258,9 @@ def compute_policy_loss_kl_cov(
     covariance (A - mean A) * (logp - mean logp) add ppo_kl_coef * |logp - old_logp|. Config.policy_loss:
     kl_cov_ratio (0.0002), ppo_kl_coef (0.1). Metric actor/ppo_kl is the mean |logp - old_logp|, as in verl.
     """
-    policy_cfg = _cfg_get(config, "policy_loss", None)
-    kl_cov_ratio = _cfg_get(policy_cfg, "kl_cov_ratio", 0.0002)
-    ppo_kl_coef = _cfg_get(policy_cfg, "ppo_kl_coef", 0.1)
+    policy_cfg = cfg_get(config, "policy_loss", None)
+    kl_cov_ratio = cfg_get(policy_cfg, "kl_cov_ratio", 0.0002)
+    ppo_kl_coef = cfg_get(policy_cfg, "ppo_kl_coef", 0.1)
     if kl_cov_ratio <= 0:
         raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {kl_cov_ratio}")
 
@@ -359,8 +360,8 @@ def compute_policy_loss_topr(
     instead; the two differ only for samples whose score and advantage have opposite signs (possible with a
     baseline, e.g. GRPO's group mean): such a sample gets the other weight and, off-policy, the other branch.
     """
-    w_pos = _cfg_get(config, "topr_positive_weight", 1.0)
-    w_neg = _cfg_get(config, "topr_negative_weight", 1.0)
+    w_pos = cfg_get(config, "topr_positive_weight", 1.0)
+    w_neg = cfg_get(config, "topr_negative_weight", 1.0)
     log_ratio, ratio = _clamped_log_ratio(log_prob, old_log_prob)
     positive = advantages > 0
     positive_losses = -w_pos * advantages * log_prob
@@ -374,10 +375,7 @@ def compute_policy_loss_topr(
 
 # ------------------------------------------------------------------------------------------------ registration
 
-# Imported at the end, not the top: core_algos imports this module at its own end to re-export the losses, so by
-# the time either import runs, the names it asks for are defined and either module may be imported first.
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, register_policy_loss  # noqa: E402
-
+# core_algos registers each under its name (verl's `register_policy_loss` names).
 BUILTIN_POLICY_LOSSES: dict[str, Any] = {
     "vanilla": compute_policy_loss_vanilla,
     "gspo": compute_policy_loss_gspo,
@@ -388,5 +386,3 @@ BUILTIN_POLICY_LOSSES: dict[str, Any] = {
     "reinforce": compute_policy_loss_reinforce,
     "topr": compute_policy_loss_topr,
 }
-for _name, _loss_fn in BUILTIN_POLICY_LOSSES.items():
-    register_policy_loss(_name)(_loss_fn)

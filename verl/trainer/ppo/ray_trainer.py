@@ -26,8 +26,9 @@ from verl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
-from verl.trainer.ppo import async_rollout, core_algos, failures, rlvr
+from verl.trainer.ppo import async_rollout, core_algos, failures, generation_dump, rlvr, run_options
 from verl.trainer.ppo import checkpoint as ckpt
+from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_domain_metrics,
@@ -42,15 +43,41 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.resource_pool import ResourcePoolManager, Role
 from verl.trainer.ppo.reward import compute_reward
 from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
-from verl.utils.dataset.samplers import RepeatSampler
+from verl.utils.dataset.prompt_loader import iter_train_batches, load_batches
 from verl.utils.seqlen_balancing import balance_batch
 from verl.utils.system_metrics import prefixed, process_metrics
 from verl.utils.tracking import Tracking
+from verl.workers.reward_model_worker import check_reward_model_config
 from verl.workers.rollout.workflows import drop_rejected_rows
 
 
 def need_reference_policy(config: DictConfig) -> bool:
     return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+
+
+def _reward_model_section(config: DictConfig) -> Any:
+    return (config.get("reward") or {}).get("reward_model") or {}
+
+
+def need_reward_model(config: DictConfig) -> bool:
+    """`reward.reward_model.enable`: a reward-model worker group scores every response (`rm_scores`)."""
+    return bool(_reward_model_section(config).get("enable", False))
+
+
+def reward_model_pool_spec(config: DictConfig) -> dict[str, list[int]]:
+    """`{"reward_pool": [n_gpus_per_node] * nnodes}` when the reward model has processes of its own
+    (`reward.reward_model.enable_resource_pool`); `{}` when it shares the global pool (the default)."""
+    section = _reward_model_section(config)
+    if not (need_reward_model(config) and section.get("enable_resource_pool", False)):
+        return {}
+    sizes = {key: section.get(key) for key in ("n_gpus_per_node", "nnodes")}
+    for key, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(
+                f"reward.reward_model.{key}={value!r} must be a positive integer with "
+                "reward.reward_model.enable_resource_pool=true (on CPU n_gpus_per_node counts processes)"
+            )
+    return {"reward_pool": [sizes["n_gpus_per_node"]] * sizes["nnodes"]}
 
 
 def need_critic(config: DictConfig) -> bool:
@@ -71,6 +98,8 @@ class RayPPOTrainer:
         reward_fn / val_reward_fn: reward managers (DataProto -> token-level scores).
         train_dataset / val_dataset: RLHFDataset-like (indexable, returning dicts); collate_fn batches them.
     """
+
+    rm_wg: Any = None  # the reward model's worker group (reward.reward_model.enable), started by init_workers
 
     def __init__(
         self,
@@ -97,6 +126,7 @@ class RayPPOTrainer:
         self.collate_fn = collate_fn
         self.use_reference_policy = need_reference_policy(config)
         self.use_critic = need_critic(config)
+        self.use_rm = need_reward_model(config)
         self.kl_ctrl_in_reward = (
             core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
@@ -110,6 +140,10 @@ class RayPPOTrainer:
         self.reward_pool = None  # data.domains' reward workers (set by build_trainer), polled for system metrics
         self.run_dir = config.trainer.default_local_dir
         self._check_config()
+        run_options.check_run_options(config)  # dumps, val_only, retention, ESI, dataloader workers
+        self.checkpoint_callback = build_checkpoint_callback(config)  # trainer.checkpoint_callback_class
+        self.num_workers = int(config.data.get("dataloader_num_workers", 8))  # DataLoader processes per loader
+        self.max_steps_duration, self.reward_extra_keys = 0.0, set()  # for the ESI save / the rollout dump
         async_rollout.resolve_async_config(config)
         self.total_training_steps = self._compute_total_training_steps()
         for section in (config.actor_rollout_ref.actor.optim, config.critic.optim):
@@ -127,10 +161,13 @@ class RayPPOTrainer:
             "data.max_response_length": cfg.data.max_response_length,
             "actor_rollout_ref.rollout.n": cfg.actor_rollout_ref.rollout.n,
             "actor_rollout_ref.actor.ppo_mini_batch_size": cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,
             "actor_rollout_ref.actor.ppo_epochs": cfg.actor_rollout_ref.actor.ppo_epochs,
             "trainer.total_epochs": cfg.trainer.total_epochs,
         }
+        if not cfg.actor_rollout_ref.actor.get("use_dynamic_bsz", False):  # verl: a token budget needs no count
+            positive["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = (
+                cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+            )
         for key, value in positive.items():
             if value is None or int(value) <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
@@ -152,6 +189,8 @@ class RayPPOTrainer:
             raise ValueError(
                 f"the training set has {len(self.train_dataset)} prompts, fewer than data.train_batch_size={bs}"
             )
+        if self.use_rm:
+            check_reward_model_config(_reward_model_section(cfg))
         if cfg.trainer.resume_mode not in ("auto", "disable", "resume_path"):
             raise ValueError(f"trainer.resume_mode={cfg.trainer.resume_mode!r}; allowed: auto, disable, resume_path")
 
@@ -182,6 +221,16 @@ class RayPPOTrainer:
             pool_to_classes.setdefault(pool, {})["critic"] = RayClassWithInitArgs(
                 self.role_worker_mapping[Role.Critic], config=critic_config
             )
+        if self.use_rm:  # colocated in the global pool unless reward.reward_model.enable_resource_pool
+            rm_config = OmegaConf.create(OmegaConf.to_container(_reward_model_section(self.config), resolve=True))
+            rm_config.device = self.config.actor_rollout_ref.get("device", "auto")
+            model = self.config.actor_rollout_ref.model  # the policy's tokenizer, as main_ppo loads it
+            rm_config.input_tokenizer = self.config.data.get("tokenizer") or model.get("tokenizer_path") or model.path
+            pools = self.resource_pool_manager
+            pool = pools.resource_pool_dict[pools.mapping.get(Role.RewardModel, pools.mapping[Role.ActorRollout])]
+            pool_to_classes.setdefault(pool, {})["rm"] = RayClassWithInitArgs(
+                self.role_worker_mapping[Role.RewardModel], config=rm_config
+            )
         if async_rollout.is_async(self.config):  # a standalone rollout group in its own pool
             pool = self.resource_pool_manager.get_resource_pool(Role.Rollout)
             rollout_cls = self.role_worker_mapping.get(Role.Rollout, actor_cls)
@@ -195,6 +244,9 @@ class RayPPOTrainer:
             self.all_wgs.update(wg_dict.spawn(prefix_set=class_dict.keys()))
         self.actor_rollout_wg = self.all_wgs[role_name]
         self.critic_wg = self.all_wgs.get("critic")
+        self.rm_wg = self.all_wgs.get("rm")
+        if self.rm_wg is not None:
+            self.rm_wg.init_model()
         if self.critic_wg is not None:
             self.critic_wg.init_model()
         self.actor_rollout_wg.init_model()
@@ -217,15 +269,13 @@ class RayPPOTrainer:
         if self.domain_sampler is not None:  # data.domains: each batch takes every domain's quota from its own order
             yield from self._domain_batches(len(self.train_dataset) // bs)
             return
-        sampler = RepeatSampler(len(self.train_dataset), batch_size=bs, shuffle=self.config.data.shuffle,
-                                seed=self.config.data.seed)  # fmt: skip
-        sampler.load_state_dict({"epoch": self.epoch, "position": self.batch_in_epoch * bs})
-        while True:
-            epoch, first = sampler.epoch, sampler.position // bs
-            rows = list(sampler)  # the rest of this epoch
-            for b in range(len(rows) // bs):
-                self._data_position = (epoch, first + b + 1)  # where a resume continues once this batch is used
-                yield epoch, first + b, self._batch_from_rows(rows[b * bs : (b + 1) * bs], self.train_dataset)
+        data = self.config.data
+        for epoch, b, batch in iter_train_batches(self.train_dataset, self.collate_fn, bs, shuffle=data.shuffle,
+                                                  seed=data.seed if data.get("seed") is not None
+                                                  else self.config.trainer.get("seed", 1), epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+                                                  num_workers=self.num_workers):  # fmt: skip
+            self._data_position = (epoch, b + 1)  # where a resume continues once this batch is used
+            yield epoch, b, DataProto.from_single_dict(batch)
 
     def _domain_batches(self, batches_per_epoch: int):
         while True:
@@ -258,6 +308,13 @@ class RayPPOTrainer:
         output.meta_info.pop("metrics", None)
         return batch.union(output)
 
+    def _score_with_reward_model(self, batch: DataProto) -> DataProto:
+        """`batch` with the reward model's `rm_scores` (bs, response_length) added, when a reward model is used;
+        the reward manager then returns them as the scores (or hands them to a custom reward function)."""
+        if self.rm_wg is None or "rm_scores" in batch.batch.keys():
+            return batch
+        return batch.union(self.rm_wg.compute_rm_score(batch))
+
     # ---------------------------------------------------------------- validation
     def _validate(self) -> dict[str, float]:
         """Generate `val_kwargs.n` answers per validation prompt, score them, and return verl's validation
@@ -267,15 +324,16 @@ class RayPPOTrainer:
             return {}
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
         rows = list(range(len(self.val_dataset)))
-        if self.config.data.get("val_max_samples"):
+        if (self.config.data.get("val_max_samples") or -1) > 0:  # verl: -1 = all
             rows = rows[: int(self.config.data.val_max_samples)]
         bs = self.config.data.val_batch_size or len(rows)
-        sources, scores, uids, inputs, outputs, extras = [], [], [], [], [], {}
+        sources, scores, uids, inputs, outputs, extras, gts = [], [], [], [], [], {}, []
         tag_key, tags, thresholds = self.config.data.get("val_tag_key") or "data_source", [], []
-        for start in range(0, len(rows), bs):
-            batch = self._batch_from_rows(rows[start : start + bs], self.val_dataset)
-            batch = batch.repeat(n, interleave=True)
-            batch = self._generate(batch, validate=True, seed=10**6 + start)
+        chunks = [rows[start : start + bs] for start in range(0, len(rows), bs)]
+        loaded = load_batches(self.val_dataset, chunks, self.collate_fn, self.num_workers)
+        for start, data in zip(range(0, len(rows), bs), loaded):
+            batch = DataProto.from_single_dict(data).repeat(n, interleave=True)
+            batch = self._score_with_reward_model(self._generate(batch, validate=True, seed=10**6 + start))
             reward_tensor, extra = compute_reward(batch, self.val_reward_fn)
             scores.extend(reward_tensor.sum(-1).tolist())
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
@@ -284,12 +342,14 @@ class RayPPOTrainer:
             thresholds.extend(rlvr.val_thresholds(self.config, batch))
             inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
             outputs.extend(_decode_responses(self.tokenizer, batch))
+            gts.extend(generation_dump.ground_truths(batch))
             for key, values in (extra or {}).items():
                 extras.setdefault(key, []).extend(list(values))
         # majority votes: the reward's extracted answer (`pred`) when it gives one, else the response text
         votes = extras.get("pred") if len(extras.get("pred", [])) == len(scores) else [o.strip() for o in outputs]
         count = int(self.config.trainer.get("log_val_generations", 0) or 0)
         self.val_generations = select_generations(inputs, outputs, scores, n, count)
+        generation_dump.dump_validation(self.config.trainer, inputs, outputs, gts, scores, extras, self.global_steps)
         metrics = process_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
         metrics.update(compute_val_correct_metrics(tags, scores, thresholds))  # val_correct/{all,<tag>}/mean
         return metrics
@@ -318,8 +378,10 @@ class RayPPOTrainer:
             "rlvr": None if self.rlvr is None else self.rlvr.state_dict(),  # running reward moments per domain
         }
         torch.save(state, os.path.join(staging, "trainer_state.pt"))
-        keep = self.config.trainer.max_actor_ckpt_to_keep
-        return ckpt.commit_checkpoint(root, self.global_steps, max_to_keep=keep)
+        keep_actor, keep_critic = ckpt.retention_limits(self.config.trainer)
+        final = ckpt.commit_checkpoint(root, self.global_steps, max_to_keep=keep_actor, max_critic_to_keep=keep_critic)
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=final)
+        return final
 
     def _load_checkpoint(self) -> str | None:
         mode = self.config.trainer.resume_mode
@@ -336,6 +398,7 @@ class RayPPOTrainer:
             path = ckpt.find_latest_checkpoint(self.run_dir)
             if path is None:
                 return None
+        ckpt.check_resumable(path, need_critic=self.use_critic)
         print(f"resuming from {path}")
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
@@ -371,7 +434,7 @@ class RayPPOTrainer:
         remax = cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX
         if remax and "reward_baselines" not in batch.batch.keys():  # (the remax workflow gives its own)
             with marked_timer("gen_max", timing):  # the greedy response's reward is the baseline (per uid)
-                greedy = self._generate(prompts, validate=False, seed=0, do_sample=False)
+                greedy = self._score_with_reward_model(self._generate(prompts, validate=False, seed=0, do_sample=False))
                 scores = compute_reward(greedy, self.reward_fn)[0].sum(-1).tolist()
             baseline = dict(zip(greedy.non_tensor_batch["uid"], scores))
             batch.batch["reward_baselines"] = torch.tensor([baseline[u] for u in batch.non_tensor_batch["uid"]])
@@ -380,11 +443,13 @@ class RayPPOTrainer:
             batch.batch["response_mask"] = batch.batch["attention_mask"][:, -resp_len:]
         if "token_level_scores" not in batch.batch.keys():  # a rollout workflow may score its own episodes
             with marked_timer("reward", timing):
+                batch = self._score_with_reward_model(batch)
                 reward_tensor, reward_extra = compute_reward(batch, self.reward_fn)
                 batch.batch["token_level_scores"] = reward_tensor
                 for key, values in (reward_extra or {}).items():
                     if len(values) == len(batch):
                         batch.non_tensor_batch[key] = np.array(values, dtype=object)
+                        self.reward_extra_keys.add(key)  # columns of the rollout dump
                         metrics.update(_mean_metric(f"reward_extra/{key}", values))
         return batch
 
@@ -486,7 +551,10 @@ class RayPPOTrainer:
                 with marked_timer("step", timing):
                     metrics = self._train_step(batch, timing)
                 self.epoch, self.batch_in_epoch = self._data_position
+                self.max_steps_duration = max(self.max_steps_duration, timing["step"])
                 self._check_nonfinite(metrics)
+                generation_dump.dump_rollout(cfg.trainer, self.tokenizer, self._last_batch, self.reward_extra_keys,
+                                             self.global_steps)  # fmt: skip
                 is_last = self.global_steps >= self.total_training_steps
                 if self.val_reward_fn is not None and (
                     (test_freq > 0 and self.global_steps % test_freq == 0) or is_last
@@ -495,10 +563,11 @@ class RayPPOTrainer:
                         last_val = self._validate()
                     metrics.update(last_val)
                     logger.log_generations(self.val_generations, step=self.global_steps)
+                expiring = ckpt.esi_save_due(cfg.trainer, self.max_steps_duration)  # verl's ESI: save before expiry
                 if (
                     save_freq is not None
                     and save_freq >= 0
-                    and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last)
+                    and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last or expiring)
                 ):
                     with marked_timer("save_checkpoint", timing):
                         summary["last_checkpoint"] = self._save_checkpoint()
@@ -530,13 +599,16 @@ class RayPPOTrainer:
             resumed_from = self._load_checkpoint()
             bar.update(self.global_steps)
             summary: dict[str, Any] = {"resumed_from": resumed_from, "log_dir": log_dir, "run_dir": self.run_dir}
-            if self.val_reward_fn is not None and cfg.trainer.val_before_train and self.global_steps == 0:
+            val, val_only = {}, bool(cfg.trainer.get("val_only", False) and cfg.trainer.val_before_train)
+            if self.val_reward_fn is not None and cfg.trainer.val_before_train and (self.global_steps == 0 or val_only):
                 val = self._validate()
                 summary["val_before"] = val.get("val/reward/mean")
-                logger.log(val, step=0)
-                logger.log_generations(self.val_generations, step=0)
-            last_val = self._train_loop(logger, bar, summary)
+                logger.log(val, step=self.global_steps)
+                logger.log_generations(self.val_generations, step=self.global_steps)
+            last_val = val if val_only else self._train_loop(logger, bar, summary)  # val_only: validate and exit
         finally:  # an exception or Ctrl-C still closes the bar and flushes the logs
+            if getattr(self, "_batch_iter", None) is not None:
+                self._batch_iter.close()  # stops the DataLoader workers
             bar.close()
             logger.finish()
         summary.update(

@@ -70,7 +70,7 @@ class ResourcePoolManager:
                 f"not enough Ray resources for the workers: asked {sum(demands):g} {kind} ({what}); Ray has "
                 f"{available:g} {kind} available, per node {[f'{c:g}' for c in node_totals]}. Lower "
                 f"trainer.n_gpus_per_node/trainer.nnodes/trainer.cpus_per_worker or give Ray more "
-                f"(trainer.ray_init.num_cpus, or `ray start --num-cpus` on the cluster)"
+                f"(ray_kwargs.ray_init.num_cpus, or `ray start --num-cpus` on the cluster)"
             )
 
     def get_resource_pool(self, role: Role) -> RayResourcePool:

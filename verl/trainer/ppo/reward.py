@@ -3,20 +3,24 @@
 
 Owns `CustomRewardFunction`, `get_custom_reward_fn(config)`, `load_reward_manager(config, tokenizer,
 num_examine, **reward_kwargs)` and `compute_reward(data, reward_fn)`. Config keys (verl's):
-`custom_reward_function.path` / `.name` / `.reward_kwargs`, `reward_model.reward_manager` (default
-"naive"), `reward_model.on_error` ("raise" | "zero"), `reward_model.timeout_s` (seconds per score call),
-`reward_model.reward_kwargs` (manager keyword
+`reward.custom_reward_function.path` / `.name` / `.reward_kwargs`, `reward.reward_manager.name` (default
+"naive"), `reward.on_error` ("raise" | "zero"), `reward.timeout_s` (seconds per score call),
+`reward.reward_kwargs` (manager keyword
 arguments, e.g. DAPO's `overlong_buffer_cfg`, or rlla flags such as `withlength: true` that are passed on
-to every score call), `data.reward_fn_key`. Must not import Ray or worker code.
+to every score call), `data.reward_fn_key`, `reward.sandbox_fusion.url` / `.max_concurrent` /
+`.memory_limit_mb`. Must not import Ray or worker code.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import inspect
+import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +29,13 @@ import torch
 from verl.protocol import DataProto
 from verl.workers.reward_manager import get_reward_manager_cls
 
-__all__ = ["CustomRewardFunction", "compute_reward", "get_custom_reward_fn", "load_reward_manager"]
+__all__ = [
+    "CustomRewardFunction",
+    "compute_reward",
+    "get_custom_reward_fn",
+    "load_reward_manager",
+    "sandbox_fusion_compute_score",
+]
 
 
 def _section(config: Any, name: str) -> Any:
@@ -93,9 +103,23 @@ class CustomRewardFunction:
         return f"CustomRewardFunction({self.path!r}, {self.name!r})"
 
 
+def _setting(config: Any, new: tuple[str, ...], legacy: tuple[str, ...], default: Any = None) -> Any:
+    """`reward.<new>` (verl 0.9.1), else the legacy location (a config not passed through `prepare_config`)."""
+    for path in (new, legacy):
+        node = config
+        for part in path:
+            node = _section(node, part) if part != path[-1] else (node.get(part) if node else None)
+        if node is not None:
+            return node
+    return default
+
+
 def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
-    """The function named by `custom_reward_function.path/.name` (None when no path is set)."""
-    section = _section(config, "custom_reward_function")
+    """The function named by `reward.custom_reward_function.path/.name` (verl 0.9.1; the legacy top-level
+    `custom_reward_function` of a config not passed through `prepare_config` too); None when no path is set."""
+    section = _section(_section(config, "reward"), "custom_reward_function")
+    if not section.get("path"):
+        section = _section(config, "custom_reward_function")
     path = section.get("path")
     if not path:
         return None
@@ -103,22 +127,66 @@ def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
     return CustomRewardFunction(str(path), str(name), dict(section.get("reward_kwargs") or {}))
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> Any:
-    """Build `reward_model.reward_manager` (default "naive") with the custom or default score function.
+def sandbox_fusion_compute_score(config: Any, manager_cls: type) -> Callable | None:
+    """The manager's default scorer bound to `reward.sandbox_fusion` (verl's partial), or None when no url is set.
 
-    Manager keyword arguments: `reward_model.reward_kwargs`, then `reward_kwargs` given here (these win),
-    `on_error` from `reward_model.on_error` (default "raise") and `timeout_s` from `reward_model.timeout_s`.
+    Reads `reward.sandbox_fusion.url` (default null), `.max_concurrent` (64: requests in flight, all score
+    calls of this manager together) and `.memory_limit_mb` (1024). The cap is a `threading.Semaphore`, or a
+    multiprocessing manager's semaphore (as verl uses) for the "prime" manager, whose samples run in processes.
     """
-    reward_model = _section(config, "reward_model")
-    manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
-    kwargs = {**dict(reward_model.get("reward_kwargs") or {}), **reward_kwargs}
-    kwargs.setdefault("on_error", reward_model.get("on_error", "raise"))
-    if reward_model.get("timeout_s") is not None:  # wall-time limit of one score call (prime: of one sample)
-        kwargs.setdefault("timeout_s", reward_model.get("timeout_s"))
+    from verl.utils.reward_score import default_compute_score
+    from verl.workers.reward_manager import BatchRewardManager, PrimeRewardManager
+    from verl.workers.reward_manager.batch import default_batch_compute_score
+
+    sandbox = _section(_section(config, "reward"), "sandbox_fusion")
+    url = sandbox.get("url")
+    if not url:
+        return None
+    max_concurrent = sandbox.get("max_concurrent", 64)
+    memory_limit_mb = sandbox.get("memory_limit_mb", 1024)
+    if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
+        raise ValueError(
+            f"reward.sandbox_fusion.max_concurrent={max_concurrent!r}; allowed: an integer >= 1 (verl's default 64)"
+        )
+    if memory_limit_mb is None:
+        memory_limit_mb = 1024
+    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 1:
+        raise ValueError(
+            f"reward.sandbox_fusion.memory_limit_mb={memory_limit_mb!r}; allowed: megabytes >= 1 (verl's default 1024)"
+        )
+    if issubclass(manager_cls, PrimeRewardManager):
+        semaphore = multiprocessing.Manager().Semaphore(max_concurrent)  # the proxy keeps its manager alive
+    else:
+        semaphore = threading.Semaphore(max_concurrent)
+    scorer = default_batch_compute_score if issubclass(manager_cls, BatchRewardManager) else default_compute_score
+    bound = functools.partial(
+        scorer, sandbox_fusion_url=str(url), concurrent_semaphore=semaphore, memory_limit_mb=memory_limit_mb
+    )
+    bound.__name__ = scorer.__name__  # named in reward errors
+    return bound
+
+
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> Any:
+    """Build `reward.reward_manager.name` (default "naive") with the custom or default score function.
+
+    Manager keyword arguments: `reward.reward_kwargs`, then `reward_kwargs` given here (these win), `on_error`
+    from `reward.on_error` (default "raise") and `timeout_s` from `reward.timeout_s` (legacy `reward_model.*`
+    locations are read for a config not passed through `prepare_config`).
+    Without a custom function and with `reward.sandbox_fusion.url` set, the default scorer runs the code data
+    sources through that SandboxFusion service (see `sandbox_fusion_compute_score`).
+    """
+    name = _setting(config, ("reward", "reward_manager", "name"), ("reward_model", "reward_manager"), "naive")
+    manager_cls = get_reward_manager_cls(name)
+    manager_kwargs = _setting(config, ("reward", "reward_kwargs"), ("reward_model", "reward_kwargs"), {})
+    kwargs = {**dict(manager_kwargs or {}), **reward_kwargs}
+    kwargs.setdefault("on_error", _setting(config, ("reward", "on_error"), ("reward_model", "on_error"), "raise"))
+    timeout_s = _setting(config, ("reward", "timeout_s"), ("reward_model", "timeout_s"))
+    if timeout_s is not None:  # wall-time limit of one score call (prime: of one sample)
+        kwargs.setdefault("timeout_s", timeout_s)
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
-        compute_score=get_custom_reward_fn(config),
+        compute_score=get_custom_reward_fn(config) or sandbox_fusion_compute_score(config, manager_cls),
         reward_fn_key=_section(config, "data").get("reward_fn_key", "data_source"),
         **kwargs,
     )

@@ -178,6 +178,8 @@ class MaskConfig:
             raise ValueError(f"algorithm.overlong_mask={overlong!r}; allowed: null, drop, zero")
         groups = algorithm.get("filter_groups") or {}
         metric = groups.get("metric") or "score"
+        if metric == "reward":  # verl 0.9.1's default name of the verifier score before KL (= score)
+            metric = "score"
         if metric == "seq_final_reward":
             raise ValueError(
                 "algorithm.filter_groups.metric=seq_final_reward is not available here: groups are filtered right "

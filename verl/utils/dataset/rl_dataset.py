@@ -81,6 +81,7 @@ class RLHFDataset(Dataset):
         tokenizer: Any,
         config: Mapping | Any,
         processor: Any = None,
+        max_samples: int = -1,
     ):
         if processor is not None:
             raise NotImplementedError("multi-modal prompts (a processor) are not supported by this RLHFDataset")
@@ -95,6 +96,7 @@ class RLHFDataset(Dataset):
         self.filter_overlong_prompts = bool(config.get("filter_overlong_prompts", True))
         self.return_raw_chat = bool(config.get("return_raw_chat", False))
         self.return_full_prompt = bool(config.get("return_full_prompt", False))
+        self.chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})  # e.g. enable_thinking
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r} is not allowed; choose one of {TRUNCATION_MODES}")
         if self.max_prompt_length < 1:
@@ -110,6 +112,8 @@ class RLHFDataset(Dataset):
         self.rows: list[dict] = []
         self.origins: list[tuple[str, int, int]] = []  # (file, row in file, row over all files) per kept row
         self._read_files()
+        if max_samples is not None and max_samples > 0:  # verl's data.train_max_samples / val_max_samples
+            self.rows, self.origins = self.rows[:max_samples], self.origins[:max_samples]
         if self.filter_overlong_prompts:
             self._filter_overlong()
         elif self.truncation == "error":
@@ -155,7 +159,9 @@ class RLHFDataset(Dataset):
         return messages
 
     def _render(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
 
     def _prompt_lengths(self) -> list[int]:
         texts = [self._render(row[self.prompt_key]) for row in self.rows]

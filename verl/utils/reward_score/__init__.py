@@ -1,7 +1,8 @@
 """Rule-based reward functions picked by `data_source`: `default_compute_score` and the per-task modules.
 
 Owns the routing table from a row's `data_source` to a scoring function (gsm8k, math, rlla, code
-sandbox, LLM judge, ifeval instruction following). Layer 3: pure functions of strings; must not import
+sandbox: local, or a SandboxFusion service when `sandbox_fusion_url` is given, LLM judge, ifeval
+instruction following). Layer 3: pure functions of strings; must not import
 tensors, Ray or workers.
 
 Return values: a float, or a dict with at least "score" (rlla returns
@@ -41,6 +42,9 @@ def default_compute_score(
     solution_str: str,
     ground_truth: Any,
     extra_info: dict | None = None,
+    sandbox_fusion_url: str | None = None,
+    concurrent_semaphore: Any = None,
+    memory_limit_mb: int | None = None,
     **kwargs: Any,
 ) -> float | dict[str, Any]:
     """Score one response with the rule of its `data_source`.
@@ -50,6 +54,11 @@ def default_compute_score(
         solution_str: the decoded response.
         ground_truth: the reference (`reward_model["ground_truth"]`).
         extra_info: the row's `extra_info` (used by the code sandbox and the judge).
+        sandbox_fusion_url: a SandboxFusion `/run_code` URL (`reward.sandbox_fusion.url`): when set, the code
+            data sources are run there (`sandbox_fusion.compute_score(..., continuous=True)`, verl's pass
+            fraction of the first 10 cases) instead of in the local sandbox; ignored by the other sources.
+        concurrent_semaphore: caps the requests in flight to that URL (`reward.sandbox_fusion.max_concurrent`).
+        memory_limit_mb: memory limit of each sandbox run (`reward.sandbox_fusion.memory_limit_mb`).
         **kwargs: passed on to the task's scorer. `step` (the training step, given by reward managers)
             goes to rlla only; every other keyword must be one the scorer accepts (e.g. gsm8k
             `method`, rlla flags `withlength=True`, sandbox `timeout_s`, judge `config`, ifeval `strict`).
@@ -62,6 +71,14 @@ def default_compute_score(
     if _is_rlla(data_source):
         score, fmt, correctness, length = rlla.compute_score(solution_str, ground_truth, step=step, **kwargs)
         return {"score": score, "format": fmt, "correctness": correctness, "length": length}
+    if data_source in CODE_SOURCES and sandbox_fusion_url:
+        from verl.utils.reward_score import sandbox_fusion
+
+        kwargs.setdefault("continuous", True)
+        score, _ = sandbox_fusion.compute_score(
+            sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, solution_str, ground_truth, **kwargs
+        )
+        return score
     if data_source in CODE_SOURCES:
         return sandbox.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     if data_source in JUDGE_SOURCES:

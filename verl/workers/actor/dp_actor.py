@@ -1,8 +1,9 @@
 """The data-parallel PPO actor: log-probs of responses and the policy update of one rank.
 
 Owns `DataParallelPPOActor` (verl's API: `compute_log_prob`, `update_policy`) and the small
-helpers that the critic shares with it: mini/micro-batch splitting, the global (all-rank) count of
-samples and tokens of a mini-batch, and the clipped optimizer step that skips non-finite gradients.
+helpers that the critic shares with it: mini/micro-batch splitting, masking the rows a dispatch padded
+(`mask_padding_rows`: never trained on), the global (all-rank) count of samples and tokens of a mini-batch,
+and the clipped optimizer step that skips non-finite gradients.
 
 The module may be a plain `nn.Module` or one wrapped by FSDP2 (`fully_shard`); gradients are assumed to be
 averaged over the data-parallel ranks (what FSDP does), which is why losses are scaled by `dp_size`.
@@ -19,8 +20,9 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from verl.protocol import DataProto
+from verl.protocol import DataProto, real_row_mask
 from verl.trainer.ppo import core_algos
+from verl.utils.py_functional import append_to_dict
 from verl.utils.seqlen_balancing import rearrange_micro_batches
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.model_forward import prompt_group_order, prompt_groups, response_outputs, scatter_to_responses
@@ -32,10 +34,10 @@ except ImportError:
 
 __all__ = [
     "DataParallelPPOActor",
-    "append_to_dict",
     "clip_grad_and_step",
     "data_parallel_size",
     "global_batch_counts",
+    "mask_padding_rows",
     "micro_batch_plan",
     "module_device",
     "positive_int",
@@ -45,10 +47,19 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def append_to_dict(metrics: dict[str, list], new: dict[str, Any]) -> None:
-    """Append each value of `new` to the list under the same key in `metrics` (verl's metric layout)."""
-    for key, value in new.items():
-        metrics.setdefault(key, []).append(value)
+REAL_ROW_KEY = "_real_row"  # (bs,) 1.0 for a real row, 0.0 for a row the dispatch padded (see mask_padding_rows)
+
+
+def mask_padding_rows(data: DataProto) -> DataProto:
+    """Make the rows a DP_COMPUTE_PROTO dispatch padded (`verl.protocol.real_row_mask`) train on nothing: their
+    `response_mask` becomes 0 (no loss, no token count) and `REAL_ROW_KEY` (0.0) keeps them out of the sample
+    count. The rows stay (every rank runs as many micro-batches, so FSDP's collectives pair up). In place."""
+    real = real_row_mask(data)
+    mask = data.batch["response_mask"]
+    if not bool(real.all()):
+        data.batch["response_mask"] = mask * real.to(device=mask.device, dtype=mask.dtype).unsqueeze(-1)
+    data.batch[REAL_ROW_KEY] = real.to(device=mask.device, dtype=torch.float32)
+    return data
 
 
 def data_parallel_size() -> int:
@@ -65,14 +76,18 @@ def module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def global_batch_counts(response_mask: torch.Tensor, device: torch.device) -> tuple[int, int]:
+def global_batch_counts(
+    response_mask: torch.Tensor, device: torch.device, real_rows: torch.Tensor | None = None
+) -> tuple[int, int]:
     """(samples, response tokens) of a mini-batch summed over all data-parallel ranks.
 
-    `response_mask`: (bs, response_len) of this rank. Every rank must call this for each mini-batch. The token
+    `response_mask`: (bs, response_len) of this rank; `real_rows` (bs,): 1 for a sample, 0 for a padding row
+    (`mask_padding_rows`), all rows count when None. Every rank must call this for each mini-batch. The token
     count is at least 1: a mini-batch whose samples are all masked out (the RLVR sample mask) gives a zero loss,
     not 0/0.
     """
-    counts = torch.tensor([response_mask.shape[0], int(response_mask.sum().item())], dtype=torch.float64, device=device)
+    samples = response_mask.shape[0] if real_rows is None else int(real_rows.sum().item())
+    counts = torch.tensor([samples, int(response_mask.sum().item())], dtype=torch.float64, device=device)
     if data_parallel_size() > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     return int(counts[0].item()), max(int(counts[1].item()), 1)
@@ -313,7 +328,7 @@ class DataParallelPPOActor:
         missing = [key for key in keys if key not in data.batch.keys()]
         if missing:
             raise KeyError(f"update_policy needs batch keys {missing}; present: {sorted(data.batch.keys())}")
-        data = data.select(batch_keys=keys)
+        data = mask_padding_rows(data.select(batch_keys=keys))
 
         generator = None
         if config.get("shuffle", False):  # a new order each step (meta_info global_steps), the same after a resume
@@ -347,7 +362,9 @@ class DataParallelPPOActor:
         kl_loss_type = config.get("kl_loss_type", "low_var_kl")
         device = module_device(self.actor_module)
 
-        global_batch_size, batch_num_tokens = global_batch_counts(mini_batch.batch["response_mask"], device)
+        global_batch_size, batch_num_tokens = global_batch_counts(
+            mini_batch.batch["response_mask"], device, mini_batch.batch.get(REAL_ROW_KEY, None)
+        )
         global_batch_info = {
             "dp_size": data_parallel_size(),
             "batch_num_tokens": batch_num_tokens,

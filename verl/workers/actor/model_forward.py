@@ -135,16 +135,13 @@ AttentionMaskInterface.register(VARLEN_SDPA, _varlen_sdpa_mask)
 
 @contextlib.contextmanager
 def _varlen_attention(module: nn.Module) -> Iterator[None]:
-    """Switch an `sdpa` model to `verl_sdpa_varlen` for the block (other implementations are left alone)."""
+    """Switch an `sdpa` model to `verl_sdpa_varlen` (other implementations are left alone). The switch stays: a
+    backward pass recomputing a checkpointed layer (gradient checkpointing) must see the same attention as the
+    forward did, and `verl_sdpa_varlen` is HF's sdpa for every call without `cu_seq_lens_q`."""
     config = getattr(module, "config", None)
-    if config is None or config._attn_implementation != "sdpa":
-        yield
-        return
-    config._attn_implementation = VARLEN_SDPA
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    if config is not None and config._attn_implementation == "sdpa":
+        config._attn_implementation = VARLEN_SDPA
+    yield
 
 
 def _packed(module: nn.Module, batch: Any, response_length: int, is_lm: bool) -> tuple[torch.Tensor, torch.Tensor]:

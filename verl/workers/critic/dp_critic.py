@@ -16,12 +16,14 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
+from verl.utils.py_functional import append_to_dict
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import (
-    append_to_dict,
+    REAL_ROW_KEY,
     clip_grad_and_step,
     data_parallel_size,
     global_batch_counts,
+    mask_padding_rows,
     micro_batch_plan,
     module_device,
     positive_int,
@@ -128,7 +130,7 @@ class DataParallelPPOCritic:
         missing = [key for key in keys if key not in data.batch.keys()]
         if missing:
             raise KeyError(f"update_critic needs batch keys {missing}; present: {sorted(data.batch.keys())}")
-        data = data.select(batch_keys=keys)
+        data = mask_padding_rows(data.select(batch_keys=keys))
         generator = None
         if config.get("shuffle", False):  # a new order each step (meta_info global_steps), the same after a resume
             step = int(data.meta_info.get("global_steps", 0))
@@ -156,7 +158,9 @@ class DataParallelPPOCritic:
         config = self.config
         device = module_device(self.critic_module)
         dp_size = data_parallel_size()
-        global_batch_size, batch_num_tokens = global_batch_counts(mini_batch.batch["response_mask"], device)
+        global_batch_size, batch_num_tokens = global_batch_counts(
+            mini_batch.batch["response_mask"], device, mini_batch.batch.get(REAL_ROW_KEY, None)
+        )
         micro_batches = split_micro_batches(
             mini_batch,
             config.get("ppo_micro_batch_size_per_gpu"),

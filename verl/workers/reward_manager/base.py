@@ -174,7 +174,13 @@ class RewardManagerBase:
         on_error: "raise" or "zero" (see the module docstring).
         timeout_s: wall-time limit of one score call in seconds (None: no limit; see the module docstring).
         **score_kwargs: extra keyword arguments for every `compute_score` call (e.g. rlla flags).
+
+    A batch holding a reward model's `rm_scores` (bs, response_length): without a custom score function those
+    scores are the reward (verl); with one, the function decides and finds the row's reward-model score
+    (`rm_scores` summed over the response) in `extra_info["rm_score"]`.
     """
+
+    default_scorer = staticmethod(default_compute_score)  # the batch manager's takes lists
 
     def __init__(
         self,
@@ -193,7 +199,9 @@ class RewardManagerBase:
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
-        self.compute_score = compute_score or default_compute_score
+        self.compute_score = compute_score or self.default_scorer
+        # a custom function: anything but the default scorer (also when bound to settings, e.g. a sandbox url)
+        self.custom_score = getattr(compute_score, "func", compute_score) not in (None, self.default_scorer)
         self.reward_fn_key = reward_fn_key
         self.on_error = on_error
         self.score_kwargs = score_kwargs
@@ -212,18 +220,22 @@ class RewardManagerBase:
         positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
         lengths = (mask.bool() * positions).max(dim=-1).values.tolist()  # last valid position + 1, 0 if none
         responses = data.batch["responses"]
+        rm_scores = data.batch["rm_scores"].sum(-1).tolist() if "rm_scores" in data.batch.keys() else None
         samples = []
         for row, length in enumerate(lengths):
             reward_model = non_tensors["reward_model"][row]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
                 raise KeyError(f"row {row}: reward_model must be a dict with 'ground_truth', got {reward_model!r:.200}")
+            extra_info = non_tensors["extra_info"][row] if "extra_info" in non_tensors else None
+            if rm_scores is not None:  # a reward model scored the row: the custom function gets its score
+                extra_info = {**(extra_info or {}), "rm_score": rm_scores[row]}
             samples.append(
                 RewardSample(
                     row=row,
                     data_source=non_tensors[self.reward_fn_key][row],
                     response_str=self.tokenizer.decode(responses[row, :length].tolist(), skip_special_tokens=True),
                     ground_truth=reward_model["ground_truth"],
-                    extra_info=non_tensors["extra_info"][row] if "extra_info" in non_tensors else None,
+                    extra_info=extra_info,
                     dataset_index=non_tensors["index"][row] if "index" in non_tensors else None,
                     response_length=int(length),
                     last_position=max(int(length) - 1, 0),
@@ -307,9 +319,10 @@ class RewardManagerBase:
         """Token-level scores (bs, response_length): each reward at its response's last valid token.
 
         With `return_dict`: {"reward_tensor": that tensor, "reward_extra_info": {key: [one value per sample]}}.
-        A batch that already has `rm_scores` (a reward model's output) is returned as is.
+        A batch that already has `rm_scores` (a reward model's output) is returned as is, unless a custom score
+        function decides (see the class docstring).
         """
-        if "rm_scores" in data.batch.keys():
+        if "rm_scores" in data.batch.keys() and not self.custom_score:
             tensor = data.batch["rm_scores"]
             return {"reward_tensor": tensor, "reward_extra_info": {}} if return_dict else tensor
         samples = self.decode_samples(data)

@@ -38,10 +38,12 @@ def default_batch_compute_score(
 class BatchRewardManager(RewardManagerBase):
     """Scores the whole batch with a single `compute_score` call on lists."""
 
+    default_scorer = staticmethod(default_batch_compute_score)
+
     def __init__(
         self, tokenizer: Any, num_examine: int, compute_score=None, reward_fn_key: str = "data_source", **kwargs: Any
     ) -> None:
-        super().__init__(tokenizer, num_examine, compute_score or default_batch_compute_score, reward_fn_key, **kwargs)
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
 
     def score_samples(self, samples: list[RewardSample], kwargs: dict[str, Any]) -> list[Any]:
         where = f"a batch of {len(samples)} samples (data sources {sorted({str(s.data_source) for s in samples})})"

@@ -1,10 +1,16 @@
-"""Rollout engines by name: `hf` (HF `generate`, CPU and GPU, the default) and `vllm` (GPU only).
+"""Rollout engines by name: `hf` (HF model, CPU and GPU), `vllm` and `sglang` (GPU only, built from the model path).
 
-Owns the registry `get_rollout_class(name)` and `register_rollout(name)` for user engines. Engines are imported
-lazily so that asking for `hf` never imports vLLM. Layer 5: must not import Ray or verl.single_controller.
+Owns the registry `get_rollout_class(name)` and `register_rollout(name)` for user engines, and the start-up choice
+of the engine (`resolve_rollout_engine`): a GPU engine named where it cannot run (package not installed, no CUDA
+GPU, `trainer.device=cpu`) becomes `hf` with one notice, or a ValueError with `rollout.engine_fallback=false`.
+Engines are imported lazily so that asking for `hf` never imports vLLM or SGLang.
+Layer 5: must not import Ray or verl.single_controller.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from typing import Any
 
 from verl.utils.registry import LazyRegistry
 from verl.workers.rollout.base import BaseRollout
@@ -16,17 +22,35 @@ ROLLOUT_REGISTRY = LazyRegistry(
     {
         "hf": "verl.workers.rollout.hf_rollout:HFRollout",
         "vllm": "verl.workers.rollout.vllm_rollout:VLLMRollout",
+        "sglang": "verl.workers.rollout.sglang_rollout:SGLangRollout",
     },
 )
+# engines that need a CUDA GPU and this importable package
+GPU_ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+# keys read only by the vllm/sglang engines, with verl's defaults (`tensor_model_parallel_size` 1 also means "none")
+GPU_ENGINE_KEY_DEFAULTS: dict[str, Any] = {
+    "gpu_memory_utilization": 0.5,
+    "tensor_model_parallel_size": 2,
+    "enforce_eager": False,
+    "free_cache_engine": True,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": None,
+    "max_num_seqs": 256,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "disable_log_stats": True,
+}
 
-__all__ = ["BaseRollout", "get_rollout_class", "register_rollout"]
+__all__ = ["BaseRollout", "get_rollout_class", "register_rollout", "resolve_rollout_engine"]
 
 
 def register_rollout(name: str):
     """Class decorator registering a rollout engine under `name` (`actor_rollout_ref.rollout.name=<name>`).
 
     A registered engine is built by the worker like `hf`: `cls(module, config, tokenizer)` with an un-sharded
-    copy of the policy as `module`.
+    copy of the policy as `module`; a class with `builds_from_path = True` is built like `vllm`:
+    `cls(model_path, config, tokenizer, trust_remote_code=...)`, and gets the actor's weights before its first
+    generation.
     """
     return ROLLOUT_REGISTRY.register(name)
 
@@ -34,3 +58,79 @@ def register_rollout(name: str):
 def get_rollout_class(name: str) -> type[BaseRollout]:
     """The rollout engine class registered as `name`; ValueError listing the known names otherwise."""
     return ROLLOUT_REGISTRY.get(name)
+
+
+def _why_engine_cannot_run(name: str, device: str, cuda_available: bool) -> str | None:
+    package = GPU_ENGINE_PACKAGES.get(name)
+    if package is None:
+        return None
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed"
+    if not cuda_available:
+        return "no CUDA GPU is visible"
+    if device == "cpu":
+        return "trainer.device=cpu"
+    return None
+
+
+def resolve_rollout_engine(
+    rollout_cfg: Any, device: str = "auto", cuda_available: bool | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Decide the engine for the `actor_rollout_ref.rollout` section once, at start-up.
+
+    Returns `(updates, notices)`: the rollout keys to write back (always `name`, the engine that will run) and
+    the notice lines to print. `name` must be registered (ValueError listing the known ones). `vllm`/`sglang`
+    where they cannot run (package not installed, no CUDA GPU, trainer.device=cpu) become `hf` with one notice, or
+    a ValueError when `engine_fallback` is false. They run one engine per rank (data parallel), so
+    `tensor_model_parallel_size` at verl's default 2 becomes 1 with a notice and any other value > 1 is a
+    ValueError. With `hf`, GPU-engine keys set away from verl's defaults get one notice naming them (they have no
+    effect there). `cuda_available` defaults to `torch.cuda.is_available()`.
+    """
+    name = str(rollout_cfg.get("name", "hf"))
+    get_rollout_class(name)  # unknown name -> ValueError listing the known engines
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    why = _why_engine_cannot_run(name, device, cuda_available)
+    if why is not None:
+        if not bool(rollout_cfg.get("engine_fallback", True)):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.name={name} but {why}; run on a CUDA machine with {name} installed, "
+                f"use actor_rollout_ref.rollout.name=hf, or set actor_rollout_ref.rollout.engine_fallback=true"
+            )
+        notice = (
+            f"notice: actor_rollout_ref.rollout.name={name} but {why}: using the hf engine; set "
+            f"actor_rollout_ref.rollout.engine_fallback=false to make this an error"
+        )
+        return {"name": "hf"}, [notice]
+    updates: dict[str, Any] = {"name": name}
+    notices = []
+    tp = int(rollout_cfg.get("tensor_model_parallel_size", 1) or 1)
+    if name in GPU_ENGINE_PACKAGES and tp > 1:
+        if tp != GPU_ENGINE_KEY_DEFAULTS["tensor_model_parallel_size"]:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: this trainer runs one {name} engine "
+                "per rank (data parallel) and has no tensor-parallel rollout; set it to 1"
+            )
+        updates["tensor_model_parallel_size"] = 1
+        notices.append(
+            f"notice: actor_rollout_ref.rollout.tensor_model_parallel_size={tp} (verl's default): this trainer runs "
+            f"one {name} engine per rank (data parallel), so it uses 1"
+        )
+    if name == "hf":
+        ignored = [
+            f"{key}={rollout_cfg.get(key)}"
+            for key, default in GPU_ENGINE_KEY_DEFAULTS.items()
+            if key in rollout_cfg
+            and rollout_cfg.get(key) != default
+            and not (key == "tensor_model_parallel_size" and rollout_cfg.get(key) == 1)
+        ]
+        engine_kwargs = rollout_cfg.get("engine_kwargs", None) or {}
+        ignored += [f"engine_kwargs.{k}" for k in ("vllm", "sglang") if engine_kwargs.get(k)]
+        if ignored:
+            notices.append(
+                f"notice: actor_rollout_ref.rollout.{{{', '.join(ignored)}}} configure the vllm/sglang engines and "
+                "have no effect on the hf engine (one un-sharded copy of the policy per rank)"
+            )
+    return updates, notices

@@ -37,7 +37,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask
-from verl.workers.rollout.base import resolve_sampling, resolve_token_ids
+from verl.workers.rollout.sampling import resolve_sampling, resolve_token_ids
 
 __all__ = [
     "AsyncRolloutEngine",
@@ -303,13 +303,6 @@ class AsyncRolloutEngine:
         if keep > g.max_new_tokens:
             keep, ended_by_eos = g.max_new_tokens, tokens[g.max_new_tokens - 1] in self.eos_token_ids
         return tokens[:keep], log_probs[:keep], "stop" if ended_by_eos else "length"
-
-    # ------------------------------------------------------------------ workflows
-    def rollout_batch(self, data: DataProto, workflow: Any, max_concurrent: int | None = None) -> DataProto:
-        """Run `workflow.arun_episode` on every row of `data` with this engine (see workflows.rollout_batch)."""
-        from verl.workers.rollout.workflows.base import run_episodes_sync
-
-        return run_episodes_sync(self, data, workflow, max_concurrent)
 
 
 def first_stop_position(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:

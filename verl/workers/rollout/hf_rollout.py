@@ -48,7 +48,7 @@ class HFRollout(BaseRollout):
 
     module: a causal LM (HF `PreTrainedModel`) used only by this engine.
     config: the `actor_rollout_ref.rollout` section (`response_length`, `micro_batch_size`, `temperature`,
-        `top_k`, `top_p`, `do_sample`, `val_kwargs`, `calculate_log_probs`, `seed`).
+        `top_k`, `top_p`, `do_sample`, `val_kwargs`, `calculate_log_probs`, `seed`, `ignore_eos`).
     tokenizer: used for default eos/pad ids when meta_info has none.
     """
 
@@ -63,6 +63,7 @@ class HFRollout(BaseRollout):
         if micro is not None and int(micro) <= 0:
             raise ValueError(f"rollout.micro_batch_size must be a positive int or null (= all), got {micro!r}")
         self.micro_batch_size = None if micro is None else int(micro)
+        self.ignore_eos = bool(config.get("ignore_eos", False))  # verl's key: run every row to response_length
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
@@ -100,7 +101,8 @@ class HFRollout(BaseRollout):
         prompts.batch: `input_ids`, `attention_mask`, `position_ids` (bs, prompt_len), left-padded.
         prompts.meta_info: `eos_token_id` (int or list), `pad_token_id`, `do_sample`, `validate`, `seed`,
             and per-call `temperature`/`top_p`/`top_k`/`calculate_log_probs` overrides (all optional). Rows are
-            not repeated here: the trainer repeats prompts `rollout.n` times itself.
+            not repeated here: the trainer repeats prompts `rollout.n` times itself. With `rollout.ignore_eos`
+            every row runs to `response_length` and all of it is in `response_mask` (verl's meaning).
         Returns the fields of `build_rollout_output`; `rollout_log_probs` (bs, response_len) when
         `rollout.calculate_log_probs`: log_softmax(logits / temperature) of the sampled tokens, the actor's
         formula at the same temperature (top-k/top-p truncation is not reflected, as in the actor).
@@ -113,6 +115,7 @@ class HFRollout(BaseRollout):
         want_log_probs = bool(meta.get("calculate_log_probs", self.config.get("calculate_log_probs", False)))
         seed = generation_seed(self.config, meta, self._calls)
         self._calls += 1
+        stop_ids = [] if self.ignore_eos else eos_token_id  # ignore_eos: all generated tokens are in the response
 
         input_ids = prompts.batch["input_ids"]
         bs = input_ids.shape[0]
@@ -131,14 +134,14 @@ class HFRollout(BaseRollout):
                 for start in range(0, bs, micro):
                     rows = order[start : start + micro]
                     ids, lps = self._generate_micro_batch(
-                        prompts, rows, device, sampling, eos_token_id, pad_token_id, want_log_probs
+                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs
                     )
                     responses[rows] = ids
                     if log_probs is not None:
                         log_probs[rows] = lps
         finally:
             self.module.train(was_training)
-        return build_rollout_output(prompts, responses, eos_token_id, pad_token_id, log_probs)
+        return build_rollout_output(prompts, responses, stop_ids, pad_token_id, log_probs)
 
     def _generate_micro_batch(
         self,
@@ -176,7 +179,7 @@ class HFRollout(BaseRollout):
         attention = mask[first_row, start:].to(device)[groups]
         next_pos = pos[first_row, -1].to(device)[groups] + 1
         live = torch.arange(len(groups), device=device)  # the rows still generating
-        eos = torch.tensor(eos_token_id, device=device).reshape(-1)
+        eos = torch.tensor(eos_token_id, device=device, dtype=torch.long).reshape(-1)
         warpers = _logits_warpers(sampling)
         responses = torch.full((len(groups), self.response_length), pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=device) if want_log_probs else None

@@ -1,7 +1,10 @@
 """The `vllm` rollout engine: a colocated `vllm.LLM` that sleeps during training (GPU only).
 
-Owns `VLLMRollout`. The engine is built from `model.path` with `enable_sleep_mode=True` and put to sleep
-(level 1: weights to CPU, KV cache freed) right away; `generate_sequences` wakes it, generates and puts it
+Owns `VLLMRollout` and the pure functions `vllm_engine_kwargs` / `vllm_sampling_kwargs` that map the rollout
+config (verl's keys and defaults) to `vllm.LLM(...)` and `vllm.SamplingParams(...)`. The engine is built from
+`model.path` (with verl's `load_format: dummy`, random weights: the worker syncs the actor's before the first
+generation). With `free_cache_engine` (verl's default) it is built with `enable_sleep_mode=True` and put to
+sleep (level 1: weights to CPU, KV cache freed) right away; `generate_sequences` wakes it, generates and puts it
 back to sleep, so the actor's FSDP2 training owns the GPU memory in between. After every actor update the
 worker calls `update_weights(full_state_dict)`, which wakes only the weights and loads them with the vLLM
 model's own `load_weights`.
@@ -23,6 +26,7 @@ import torch
 from verl.protocol import DataProto
 from verl.workers.rollout.base import (
     BaseRollout,
+    SamplingSettings,
     build_rollout_output,
     generation_seed,
     pad_responses,
@@ -47,36 +51,98 @@ def _import_vllm():
     return vllm
 
 
+def _engine_kwargs_section(config: Any, engine: str) -> dict[str, Any]:
+    """`rollout.engine_kwargs.<engine>` as a plain dict without None values (passed through last, as verl does)."""
+    section = (config.get("engine_kwargs", None) or {}).get(engine, None) or {}
+    return {str(k): v for k, v in dict(section).items() if v is not None}
+
+
+def max_model_len(config: Any) -> int:
+    """`rollout.max_model_len`, or prompt_length + response_length when null (the longest sequence a step makes)."""
+    value = config.get("max_model_len", None)
+    return int(value) if value is not None else int(config.prompt_length) + int(config.response_length)
+
+
+def vllm_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM(...)` from the `actor_rollout_ref.rollout` section (verl's keys and defaults).
+
+    `free_cache_engine` becomes `enable_sleep_mode`; without chunked prefill `max_num_batched_tokens` is raised to
+    `max_model_len` (vLLM's requirement, as verl does); `engine_kwargs.vllm` is merged last and wins.
+    """
+    model_len = max_model_len(config)
+    chunked_prefill = bool(config.get("enable_chunked_prefill", True))
+    batched_tokens = int(config.get("max_num_batched_tokens", 8192))
+    if not chunked_prefill:
+        batched_tokens = max(batched_tokens, model_len)
+    kwargs = {
+        "model": model_path,
+        "dtype": str(config.get("dtype", "bfloat16")),
+        "load_format": str(config.get("load_format", "dummy")),
+        "trust_remote_code": bool(trust_remote_code),
+        "max_model_len": model_len,
+        "max_num_seqs": int(config.get("max_num_seqs", 256)),
+        "max_num_batched_tokens": batched_tokens,
+        "enable_chunked_prefill": chunked_prefill,
+        "enable_prefix_caching": bool(config.get("enable_prefix_caching", True)),
+        "enable_sleep_mode": bool(config.get("free_cache_engine", True)),
+        "enforce_eager": bool(config.get("enforce_eager", False)),
+        "gpu_memory_utilization": float(config.get("gpu_memory_utilization", 0.5)),
+        "disable_log_stats": bool(config.get("disable_log_stats", True)),
+        "tensor_parallel_size": int(config.get("tensor_model_parallel_size", 1) or 1),
+        "seed": int(config.get("seed", 0)),
+        # log-probs after temperature scaling, the formula the actor uses (see HFRollout)
+        "logprobs_mode": str(config.get("logprobs_mode", "processed_logprobs")),
+    }
+    kwargs.update(_engine_kwargs_section(config, "vllm"))
+    return kwargs
+
+
+def vllm_sampling_kwargs(
+    sampling: SamplingSettings,
+    max_tokens: int,
+    stop_token_ids: list[int],
+    seed: int,
+    want_log_probs: bool,
+    ignore_eos: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments of one `vllm.SamplingParams(...)` (temperature 0 = greedy)."""
+    return {
+        "n": 1,
+        "temperature": sampling.temperature if sampling.do_sample else 0.0,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "max_tokens": int(max_tokens),
+        "stop_token_ids": [] if ignore_eos else list(stop_token_ids),
+        "ignore_eos": bool(ignore_eos),
+        "logprobs": 0 if want_log_probs else None,
+        "seed": int(seed),
+        "detokenize": False,
+    }
+
+
 class VLLMRollout(BaseRollout):
     """Generate with a colocated vLLM engine.
 
     model_path: HF directory of the policy (the same weights the actor starts from).
-    config: the `actor_rollout_ref.rollout` section (`prompt_length`, `response_length`, `dtype`,
-        `gpu_memory_utilization`, `tensor_model_parallel_size`, sampling knobs, `calculate_log_probs`, `seed`).
+    config: the `actor_rollout_ref.rollout` section (`prompt_length`, `response_length`, sampling knobs,
+        `calculate_log_probs`, `ignore_eos`, and the engine keys of `vllm_engine_kwargs`).
     tokenizer: used for default eos/pad ids when meta_info has none.
     """
 
-    def __init__(self, model_path: str, config: Any, tokenizer: Any = None):
+    builds_from_path = True  # the worker passes model.path and syncs the actor's weights before generating
+
+    def __init__(self, model_path: str, config: Any, tokenizer: Any = None, trust_remote_code: bool = False):
         vllm = _import_vllm()
         self._vllm = vllm
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.response_length)
-        max_len = int(config.prompt_length) + self.response_length
-        dtype = str(config.get("dtype", "bfloat16"))
-        self.engine = vllm.LLM(
-            model=model_path,
-            dtype=dtype,
-            enable_sleep_mode=True,
-            gpu_memory_utilization=float(config.get("gpu_memory_utilization", 0.5)),
-            tensor_parallel_size=int(config.get("tensor_model_parallel_size", 1)),
-            max_model_len=max_len,
-            seed=int(config.get("seed", 0)),
-            enforce_eager=bool(config.get("enforce_eager", True)),
-            # log-probs after temperature scaling, the formula the actor uses (see HFRollout).
-            logprobs_mode="processed_logprobs",
-        )
-        self.engine.sleep(level=1)
+        self.ignore_eos = bool(config.get("ignore_eos", False))
+        kwargs = vllm_engine_kwargs(config, model_path, trust_remote_code)
+        self.sleeps = kwargs["enable_sleep_mode"]
+        self.engine = vllm.LLM(**kwargs)
+        if self.sleeps:
+            self.engine.sleep(level=1)
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
@@ -86,18 +152,21 @@ class VLLMRollout(BaseRollout):
         return executor.driver_worker.worker.model_runner.model
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Wake the weights only, load the actor's full state dict, and go back to sleep."""
-        self.engine.wake_up(tags=["weights"])
+        """Load the actor's full state dict (waking only the weights, then back to sleep, with free_cache_engine)."""
+        if self.sleeps:
+            self.engine.wake_up(tags=["weights"])
         device = torch.device("cuda", torch.cuda.current_device())
         self._model().load_weights((name, t.to(device)) for name, t in state_dict.items())
         torch.cuda.synchronize()
-        self.engine.sleep(level=1)
+        if self.sleeps:
+            self.engine.sleep(level=1)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Same contract as `HFRollout.generate_sequences` (`rollout_log_probs` from vLLM's processed
-        log-probs when `rollout.calculate_log_probs`)."""
+        log-probs when `rollout.calculate_log_probs`; with `rollout.ignore_eos` every response runs to
+        `response_length` and all of it is in `response_mask`)."""
         meta = prompts.meta_info
         sampling = resolve_sampling(self.config, meta)
         eos_token_id, pad_token_id = resolve_token_ids(meta, self.tokenizer)
@@ -111,23 +180,19 @@ class VLLMRollout(BaseRollout):
         stop_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
         params = [
             self._vllm.SamplingParams(
-                n=1,
-                temperature=sampling.temperature if sampling.do_sample else 0.0,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                max_tokens=self.response_length,
-                stop_token_ids=stop_ids,
-                logprobs=0 if want_log_probs else None,
-                seed=seed + i,
-                detokenize=False,
+                **vllm_sampling_kwargs(
+                    sampling, self.response_length, stop_ids, seed + i, want_log_probs, self.ignore_eos
+                )
             )
             for i in range(len(token_prompts))
         ]
-        self.engine.wake_up()
+        if self.sleeps:
+            self.engine.wake_up()
         try:
             outputs = self.engine.generate(token_prompts, params, use_tqdm=False)
         finally:
-            self.engine.sleep(level=1)
+            if self.sleeps:
+                self.engine.sleep(level=1)
 
         generated = [torch.tensor(out.outputs[0].token_ids, dtype=torch.long) for out in outputs]
         responses = pad_responses(generated, self.response_length, pad_token_id)
@@ -143,7 +208,7 @@ class VLLMRollout(BaseRollout):
         return build_rollout_output(
             prompts,
             responses.to(device),
-            eos_token_id,
+            [] if self.ignore_eos else eos_token_id,  # ignore_eos: every generated token is in the response
             pad_token_id,
             None if log_probs is None else log_probs.to(device),
         )

@@ -15,7 +15,8 @@ in `attention_mask`); `rollout_log_probs` are 0 on observation tokens. The train
 the whole response (model turns and `<obs>` lines) after the episode. Non-tensor `num_turns` counts the
 model turns of each row.
 
-Config (`actor_rollout_ref.rollout.multi_turn`): `max_turns`, `tool_modules` (modules or .py files whose
+Config (`actor_rollout_ref.rollout.multi_turn`): `format` (verl's tool-call format: `hermes`, i.e.
+`<tool_call>{json}</tool_call>`; `verl.envs.tools.TOOL_CALL_FORMATS`), `max_turns`, `tool_modules` (modules or .py files whose
 `@tool` functions register), `tools` (names offered; null = all registered), `tool_timeout_s`,
 `max_tool_response_length` (characters per observation). `registry=` (a `ToolRegistry`) may be passed
 when building the workflow in Python.
@@ -33,15 +34,13 @@ from verl.envs.tools import (
     DEFAULT_REGISTRY,
     ToolRegistry,
     format_observations,
+    get_tool_call_format,
     import_tool_modules,
-    parse_tool_calls,
     run_tool_calls,
 )
 from verl.protocol import DataProto
 from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelRequest
 from verl.workers.rollout.workflows.base import RolloutWorkflow, prompt_ids_of, trajectory_row
-
-TOOL_CALL_STOP = "</tool_call>"
 
 
 class MultiTurnToolWorkflow(RolloutWorkflow):
@@ -50,6 +49,7 @@ class MultiTurnToolWorkflow(RolloutWorkflow):
     def __init__(self, config: Any, tokenizer: Any, registry: ToolRegistry | None = None):
         super().__init__(config, tokenizer)
         multi_turn = config.get("multi_turn", None) or {}
+        self.tool_call_format = get_tool_call_format(multi_turn.get("format", "hermes"))
         self.max_turns = int(multi_turn.get("max_turns", 4))
         if self.max_turns < 1:
             raise ValueError(f"rollout.multi_turn.max_turns must be >= 1, got {self.max_turns}")
@@ -69,7 +69,7 @@ class MultiTurnToolWorkflow(RolloutWorkflow):
 
     async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto:
         prompt = prompt_ids_of(data)
-        base = engine.default_gconfig().new(stop=(TOOL_CALL_STOP,))
+        base = engine.default_gconfig().new(stop=(self.tool_call_format.stop,))
         response: list[int] = []
         loss_mask: list[int] = []
         log_probs: list[float] = []
@@ -84,7 +84,7 @@ class MultiTurnToolWorkflow(RolloutWorkflow):
             if resp.stop_reason == "length" or turns >= self.max_turns:
                 break
             text = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=False)
-            calls = parse_tool_calls(text)
+            calls = self.tool_call_format.parse(text)
             if not calls or "<response>" in text:
                 break
             observations = await run_tool_calls(self.registry, calls, self.tool_timeout_s)

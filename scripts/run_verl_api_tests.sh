@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run verl 0.9.1's own CPU unit tests of the verl API surface against THIS package (not part of CI).
+#
+# Downloads the verl 0.9.1 wheel (PyPI, no dependencies), copies its tests of the protocol, core_algos, loss
+# aggregation, value-loss normalisation and the @register decorator into a scratch directory outside the repo,
+# and runs them with this repository's interpreter, so that `import verl` resolves to this checkout.
+# Usage: scripts/run_verl_api_tests.sh [extra pytest args]     (PYTHON=... to pick the interpreter)
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-$repo/.venv/bin/python}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+"$python" -m pip download verl==0.9.1 --no-deps --only-binary=:all: -d "$work/wheel" -q
+"$python" -m zipfile -e "$work"/wheel/verl-0.9.1-*.whl "$work/src"
+
+mkdir -p "$work/tests"
+for test in \
+    tests/test_protocol_on_cpu.py \
+    tests/trainer/ppo/test_core_algos_on_cpu.py \
+    tests/trainer/ppo/test_loss_aggregation_on_cpu.py \
+    tests/trainer/ppo/test_value_loss_normalization_on_cpu.py \
+    tests/single_controller/test_decorator_on_cpu.py; do
+    cp "$work/src/$test" "$work/tests/"
+done
+
+cd "$work/tests"  # outside the repo: `import verl` must find this checkout (installed editable), not the wheel
+"$python" -c "import verl, sys; print('verl from', verl.__file__); sys.exit(not verl.__file__.startswith('$repo'))"
+"$python" -m pytest "$work/tests" -q -p no:cacheprovider "$@"
