@@ -23,10 +23,10 @@ def test_builtin_is_imported_only_when_asked_for():
 def test_unknown_and_duplicate_names_are_errors_naming_the_allowed_ones():
     with pytest.raises(
         ValueError,
-        match=r"unknown rollout engine 'sglang' \(actor_rollout_ref.rollout.name\); "
-        r"allowed: \['hf', 'vllm'",
+        match=r"unknown rollout engine 'trtllm' \(actor_rollout_ref.rollout.name\); "
+        r"allowed: \['hf', 'vllm', 'sglang'",
     ):
-        get_rollout_class("sglang")
+        get_rollout_class("trtllm")
     with pytest.raises(ValueError, match="rollout engine 'hf' is already registered"):
         register_rollout("hf")(BaseRollout)
 

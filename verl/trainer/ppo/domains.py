@@ -169,8 +169,10 @@ def parse_domains(config: Any, check_files: bool = True) -> tuple[list[DomainSpe
         if probs:
             raise ValueError(f"data.domain_interleave_probs={dict(probs)} is set but data.domains is empty")
         return None
+    from verl.trainer.config import default_of
+
     for key in ("train_files", "val_files"):
-        if data.get(key):
+        if data.get(key) and data.get(key) != default_of(f"data.{key}"):  # verl's default path counts as unset
             raise ValueError(
                 f"data.{key} is set together with data.domains; with domains, give the files per domain "
                 f"(data.domains.<name>.{key}) and leave data.{key} unset"
