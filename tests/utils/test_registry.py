@@ -24,7 +24,7 @@ def test_unknown_and_duplicate_names_are_errors_naming_the_allowed_ones():
     with pytest.raises(
         ValueError,
         match=r"unknown rollout engine 'trtllm' \(actor_rollout_ref.rollout.name\); "
-        r"allowed: \['hf', 'vllm', 'sglang'",
+        r"allowed: \['hf', 'sglang', 'vllm'",
     ):
         get_rollout_class("trtllm")
     with pytest.raises(ValueError, match="rollout engine 'hf' is already registered"):
