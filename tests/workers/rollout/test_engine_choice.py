@@ -133,6 +133,6 @@ def test_engine_fallback_false_exits_with_one_line(tiny_model_dir, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert lines == [
-        "error: actor_rollout_ref.rollout.name=vllm but vllm is not installed; run on a CUDA machine with vllm "
+        "error: ValueError: actor_rollout_ref.rollout.name=vllm but vllm is not installed; run on a CUDA machine with vllm "
         "installed, use actor_rollout_ref.rollout.name=hf, or set actor_rollout_ref.rollout.engine_fallback=true"
     ], proc.stderr[-3000:]
