@@ -262,6 +262,11 @@ class RayPPOTrainer:
     def _batch_from_rows(self, rows: list[int], dataset) -> DataProto:
         return DataProto.from_single_dict(self.collate_fn([dataset[i] for i in rows]))
 
+    def _data_seed(self) -> int:
+        """verl's `data.seed`; null (verl's default) = `trainer.seed`."""
+        seed = self.config.data.get("seed")
+        return int(seed) if seed is not None else int(self.config.trainer.get("seed", 1))
+
     def _train_batches(self):
         """Yield (epoch, batch index, DataProto) from the resume position on; the order is a `RepeatSampler`'s
         (seeded by data.seed and the epoch, an incomplete last batch dropped)."""
@@ -271,8 +276,7 @@ class RayPPOTrainer:
             return
         data = self.config.data
         for epoch, b, batch in iter_train_batches(self.train_dataset, self.collate_fn, bs, shuffle=data.shuffle,
-                                                  seed=data.seed if data.get("seed") is not None
-                                                  else self.config.trainer.get("seed", 1), epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
+                                                  seed=self._data_seed(), epoch=self.epoch, batch_in_epoch=self.batch_in_epoch,
                                                   num_workers=self.num_workers):  # fmt: skip
             self._data_position = (epoch, b + 1)  # where a resume continues once this batch is used
             yield epoch, b, DataProto.from_single_dict(batch)
