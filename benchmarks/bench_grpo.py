@@ -73,6 +73,16 @@ OURS_BASE = [
     "trainer.n_gpus_per_node=1",
     "trainer.device=cpu",
     f"trainer.ray_init.num_cpus={THREADS}",
+    # verl's defaults are GPU settings; the CPU bench sets float32 compute, no gradient checkpointing, padded
+    # forwards (the "ours" variant turns packing on), the rollout engine hf and no data-loader processes.
+    "actor_rollout_ref.rollout.name=hf",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.dtype=float32",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "actor_rollout_ref.ref.fsdp_config.dtype=float32",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "data.dataloader_num_workers=0",
 ]
 
 # The fast configuration: reuse the rollout's log-probs (no old-log-prob pass), each prompt once per micro-batch

@@ -12,8 +12,30 @@ PY=${PYTHON:-python3}
 SEED=${SEED:-1}
 LAUNCH_START=$SECONDS
 
-# Sets BASE_MODEL, DATA_DIR, EMBEDDED (1 when the embedded default job is used), COMMON (overrides of every
-# launch) and CPU_JOB (what the embedded CPU job sets where verl's defaults are GPU settings).
+# PLACEMENT: where every launch runs (N_GPUS worker processes per node, NNODES nodes; the GPU when one is
+# visible, else the CPU; the `hf` rollout engine). CPU_JOB: what a CPU job (the embedded default, the CPU examples)
+# sets explicitly where verl's defaults are GPU settings (bfloat16 compute, gradient checkpointing, 8 data-loader
+# processes). A later override wins.
+PLACEMENT=(
+  trainer.n_gpus_per_node="${N_GPUS:-1}" trainer.nnodes="${NNODES:-1}"
+  actor_rollout_ref.rollout.name=hf trainer.device=auto
+)
+CPU_JOB=(
+  actor_rollout_ref.actor.fsdp_config.dtype=float32 actor_rollout_ref.ref.fsdp_config.dtype=float32
+  actor_rollout_ref.rollout.dtype=float32 critic.fsdp.dtype=float32
+  actor_rollout_ref.model.enable_gradient_checkpointing=false actor_rollout_ref.model.use_remove_padding=false
+  critic.model.enable_gradient_checkpointing=false critic.model.use_remove_padding=false
+  data.dataloader_num_workers=0 data.filter_overlong_prompts=true data.return_raw_chat=false data.seed=1
+  actor_rollout_ref.actor.shuffle=true actor_rollout_ref.actor.data_loader_seed=1 critic.data_loader_seed=1
+  actor_rollout_ref.rollout.seed=0 actor_rollout_ref.rollout.calculate_log_probs=false
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 critic.ppo_micro_batch_size_per_gpu=16
+  critic.forward_micro_batch_size_per_gpu=16
+  trainer.balance_batch=false trainer.log_val_generations=3 trainer.project_name=verl_cpu
+)
+
+# Sets BASE_MODEL, DATA_DIR, EMBEDDED (1 when the embedded default job is used) and COMMON (overrides of every
+# launch).
 resolve_model_and_data() {
   if [ -z "${BASE_MODEL:-}" ]; then
     local work=${WORK_DIR:-outputs/default}
@@ -41,23 +63,7 @@ resolve_model_and_data() {
   COMMON=(
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet"
     actor_rollout_ref.model.path="$BASE_MODEL"
-    trainer.n_gpus_per_node="${N_GPUS:-1}" trainer.nnodes="${NNODES:-1}"
-    actor_rollout_ref.rollout.name=hf trainer.device=auto trainer.logger=[console,tensorboard]
-  )
-  # The embedded job on CPU: verl's defaults are GPU settings (bfloat16 compute, gradient checkpointing, 8 data
-  # loader processes); this job sets what it needs explicitly (the same values as before verl's defaults).
-  CPU_JOB=(
-    actor_rollout_ref.actor.fsdp_config.dtype=float32 actor_rollout_ref.ref.fsdp_config.dtype=float32
-    actor_rollout_ref.rollout.dtype=float32 critic.fsdp.dtype=float32
-    actor_rollout_ref.model.enable_gradient_checkpointing=false actor_rollout_ref.model.use_remove_padding=false
-    critic.model.enable_gradient_checkpointing=false critic.model.use_remove_padding=false
-    data.dataloader_num_workers=0 data.filter_overlong_prompts=true data.return_raw_chat=false data.seed=1
-    actor_rollout_ref.actor.shuffle=true actor_rollout_ref.actor.data_loader_seed=1 critic.data_loader_seed=1
-    actor_rollout_ref.rollout.seed=0 actor_rollout_ref.rollout.calculate_log_probs=false
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 critic.ppo_micro_batch_size_per_gpu=16
-    critic.forward_micro_batch_size_per_gpu=16
-    trainer.balance_batch=false trainer.log_val_generations=3 trainer.project_name=verl_cpu
+    "${PLACEMENT[@]}" trainer.logger=[console,tensorboard]
   )
   if [ -n "${EXPERIMENT_NAME:-}" ]; then
     COMMON+=(trainer.experiment_name="$EXPERIMENT_NAME")

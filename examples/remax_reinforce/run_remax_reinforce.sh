@@ -9,12 +9,12 @@
 #
 # Environment: BASE_MODEL (HF model dir) and DATA_DIR (train.parquet + test.parquet); both unset = the embedded
 # default (the synthetic RLLA tool-calling task and a tiny Qwen2 warm-started with SFT, prepared once in WORK_DIR,
-# default outputs/default), SEED, PYTHON. Every argument is a Hydra override of main_ppo (the last word wins).
+# default outputs/default), SEED, N_GPUS, PYTHON. It runs with the CPU settings of
+# scripts/launcher_common.sh (CPU_JOB); on GPUs pass verl's values as overrides. Every argument is a Hydra
+# override of main_ppo (the last word wins).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-SEED=${SEED:-1}
+source scripts/launcher_common.sh  # PY, SEED, PLACEMENT, CPU_JOB
 WORK_DIR=${WORK_DIR:-outputs/default}
 if [ -z "${BASE_MODEL:-}" ]; then
   "$PY" -m verl.trainer.prepare_default --out "$WORK_DIR" --seed "$SEED"
@@ -23,7 +23,7 @@ if [ -z "${BASE_MODEL:-}" ]; then
 fi
 DATA_DIR=${DATA_DIR:?set DATA_DIR to a folder holding train.parquet and test.parquet}
 
-exec "$PY" -m verl.trainer.main_ppo \
+exec "$PY" -m verl.trainer.main_ppo "${PLACEMENT[@]}" "${CPU_JOB[@]}" \
   actor_rollout_ref.model.path="$BASE_MODEL" \
   data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
   algorithm.adv_estimator=remax \

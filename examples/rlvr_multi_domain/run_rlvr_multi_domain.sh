@@ -10,11 +10,12 @@
 # Environment: BASE_MODEL (HF model dir; unset = build a tiny random Qwen2, a smoke run of the pipeline: it does not
 # learn these tasks in minutes), WORK_DIR (default outputs/rlvr_multi_domain: data, model, checkpoints, logs),
 # DATA_DIR (default $WORK_DIR/data, made by prepare_data.py when missing), GSM8K_DIR (real GSM8K jsonl for the math
-# domain instead of generated problems), PYTHON. Every argument is a Hydra override of main_ppo (the last word wins).
+# domain instead of generated problems), N_GPUS, PYTHON. It runs with the CPU settings of
+# scripts/launcher_common.sh (CPU_JOB); on GPUs pass verl's values as overrides. Every argument is a Hydra
+# override of main_ppo (the last word wins).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+source scripts/launcher_common.sh  # PY, PLACEMENT, CPU_JOB
 WORK_DIR=${WORK_DIR:-outputs/rlvr_multi_domain}
 DATA_DIR=${DATA_DIR:-$WORK_DIR/data}
 
@@ -31,7 +32,7 @@ domain() {  # domain NAME REWARD [extra settings] -> one entry of data.domains
 }
 DOMAINS="{$(domain math math_rule), $(domain tools rlla ', weight: 0.5, reward_clip: 3.0'), $(domain code code_sandbox)}"
 
-exec "$PY" -m verl.trainer.main_ppo \
+exec "$PY" -m verl.trainer.main_ppo "${PLACEMENT[@]}" "${CPU_JOB[@]}" \
   actor_rollout_ref.model.path="$BASE_MODEL" \
   data.domains="$DOMAINS" \
   data.domain_interleave_probs="{math: 0.5, tools: 0.25, code: 0.25}" \

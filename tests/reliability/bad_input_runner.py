@@ -86,8 +86,6 @@ def _env() -> dict[str, str]:
 def _run(entry: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     point = ENTRY_POINTS[entry]
     command = [sys.executable, point["script"]] if "script" in point else [sys.executable, "-m", point["module"]]
-    if entry == "ppo":  # the project's small-CPU settings first; the case's own arguments win
-        args = [*CPU_OVERRIDES, *args]
     return subprocess.run(command + args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=180)
 
 
@@ -106,6 +104,8 @@ def prepare(case: Case, good: dict[str, str], root: Path) -> tuple[Ctx, list[str
     make_previous_run(ctx.prev, good)
     case.setup(ctx)
     args = case.args(ctx)
+    if case.entry == "ppo":  # the project's small-CPU settings first; the case's own arguments win
+        args = [*CPU_OVERRIDES, *args]
     return ctx, args, snapshot(ctx.prev)
 
 

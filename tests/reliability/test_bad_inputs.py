@@ -281,7 +281,13 @@ PPO_CASES = [
         ["nope", "vanilla"],
     ),
     Case("ppo-unknown-reward-manager", "ppo", _ppo("reward_model.reward_manager=fancy"), ["'fancy'", "naive"]),
-    Case("ppo-unknown-rollout", "ppo", _ppo("actor_rollout_ref.rollout.name=sglang"), ["'sglang'", "hf"]),
+    Case("ppo-unknown-rollout", "ppo", _ppo("actor_rollout_ref.rollout.name=tgi"), ["'tgi'", "hf"]),
+    Case(
+        "ppo-engine-without-fallback",
+        "ppo",
+        _ppo("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.engine_fallback=false"),
+        ["rollout.name=sglang", "engine_fallback=true"],
+    ),
     Case(
         "ppo-batch-not-divisible",
         "ppo",

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import verl
-from tests.cpu_overrides import cpu_config
+from tests.cpu_overrides import CPU_OVERRIDES, cpu_config
 from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -38,6 +38,7 @@ def data_dir(tmp_path_factory):
 
 def overrides(model, data_dir, run_dir, *extra):
     return [
+        *CPU_OVERRIDES,
         f"data.train_files={data_dir}/train.parquet",
         f"actor_rollout_ref.model.path={model}",
         "data.max_prompt_length=384",

@@ -173,10 +173,13 @@ def test_bad_reward_worker_settings_are_clear_errors():
         check_reward_config(OmegaConf.create({"reward": {"rlla": {"num_workers": 0}}}), ["rlla"])
     with pytest.raises(ValueError, match="reward.ifeval.score_kwargs must be a mapping"):
         check_reward_config(OmegaConf.create({"reward": {"ifeval": {"score_kwargs": [1]}}}), ["ifeval"])
-    with pytest.raises(ValueError, match="custom_reward_function.path is set together with data.domains"):
-        check_reward_config(OmegaConf.create({"custom_reward_function": {"path": "r.py"}}), ["rlla"])
-    with pytest.raises(ValueError, match="reward_model.reward_manager='dapo' with data.domains"):
-        check_reward_config(OmegaConf.create({"reward_model": {"reward_manager": "dapo"}}), ["rlla"])
+    for config in ({"reward": {"custom_reward_function": {"path": "r.py"}}}, {"custom_reward_function": {"path": "r.py"}}):
+        with pytest.raises(ValueError, match="custom_reward_function.path is set together with data.domains"):
+            check_reward_config(OmegaConf.create(config), ["rlla"])
+    for config in ({"reward": {"reward_manager": {"name": "dapo"}}}, {"reward_model": {"reward_manager": "dapo"}}):
+        with pytest.raises(ValueError, match="reward.reward_manager.name='dapo' with data.domains"):
+            check_reward_config(OmegaConf.create(config), ["rlla"])
+    check_reward_config(OmegaConf.create({"reward": {"reward_manager": {"name": "naive"}}}), ["rlla"])
     batch = DataProto.from_single_dict({"domain": np.array(["poetry"], dtype=object)})
     with pytest.raises(KeyError, match="row 0 has domain 'poetry', not one of data.domains \\['math'\\]"):
         DomainRewardFn({}, {"math": ("math_rule", None)})._rows_by_type(batch)

@@ -38,18 +38,23 @@ __all__ = [
 def check_reward_config(config: Any, types: list[str]) -> None:
     """`reward.{type}.num_workers` must be a positive int and `score_kwargs` a mapping, for the types in use; the
     single-data-set reward settings the workers would ignore (a custom reward function, another manager) are errors."""
-    if ((config.get("custom_reward_function") or {}).get("path")) is not None:
+    reward = config.get("reward") or {}
+    custom_path = _first_set(
+        (reward.get("custom_reward_function") or {}).get("path"),
+        (config.get("custom_reward_function") or {}).get("path"),  # a config not passed through prepare_config
+    )
+    if custom_path is not None:
         raise ValueError(
-            "custom_reward_function.path is set together with data.domains; domains are scored by their reward "
-            "worker type (data.domains.<name>.reward), so drop one of the two"
+            "reward.custom_reward_function.path is set together with data.domains; domains are scored by their "
+            "reward worker type (data.domains.<name>.reward), so drop one of the two"
         )
-    manager = ((config.get("reward") or {}).get("reward_manager") or {}).get("name") or "naive"
+    manager = reward.get("reward_manager") or (config.get("reward_model") or {}).get("reward_manager") or "naive"
+    manager = (manager.get("name") or "naive") if isinstance(manager, Mapping) else manager
     if manager != "naive":
         raise ValueError(
-            f"reward_model.reward_manager={manager!r} with data.domains: the reward workers score with the naive "
-            "manager; use reward_model.reward_manager=naive (and algorithm.overlong_mask for overlong responses)"
+            f"reward.reward_manager.name={manager!r} with data.domains: the reward workers score with the naive "
+            "manager; use reward.reward_manager.name=naive (and algorithm.overlong_mask for overlong responses)"
         )
-    reward = config.get("reward") or {}
     for reward_type in types:
         section = reward.get(reward_type) or {}
         workers = section.get("num_workers", 1)
@@ -194,6 +199,11 @@ class DomainRewardFn:
         return {"reward_tensor": tensor, "reward_extra_info": extra} if return_dict else tensor
 
 
+def _first_set(*values: Any) -> Any:
+    """The first value that is not None (verl 0.9.1's `reward.*` key, then the legacy `reward_model.*` one)."""
+    return next((v for v in values if v is not None), None)
+
+
 class RewardWorkerPool:
     """The reward worker groups of a multi-domain run, one per reward type its domains use."""
 
@@ -211,8 +221,8 @@ class RewardWorkerPool:
                 tokenizer_path=tokenizer_path,
                 score_kwargs=dict((reward.get(reward_type) or {}).get("score_kwargs") or {}),
                 reward_fn_key=self.reward_fn_key,
-                on_error=reward_model.get("on_error", "raise"),
-                timeout_s=reward_model.get("timeout_s"),
+                on_error=reward.get("on_error") or reward_model.get("on_error") or "raise",
+                timeout_s=_first_set(reward.get("timeout_s"), reward_model.get("timeout_s")),
                 trust_remote_code=bool(config.actor_rollout_ref.model.get("trust_remote_code", False)),
             )
             for reward_type in types

@@ -126,6 +126,17 @@ def test_types_and_unknown_keys_fail_with_the_keys_name(override, message):
         prepare_config(_compose(override))
 
 
+def test_float_keys_written_as_int_defaults_take_floats():
+    # verl types these float; its YAML writes the default as 0 (ReMax/ToolRL scripts pass 1.0 or -0.03)
+    config = prepare_config(
+        _compose("actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.actor.entropy_coeff=-0.03")
+    )
+    assert config.actor_rollout_ref.rollout.val_kwargs.temperature == 0.7
+    assert config.actor_rollout_ref.actor.entropy_coeff == -0.03
+    with pytest.raises(ValueError, match="val_kwargs.temperature='hot' has type str; expected int or float"):
+        prepare_config(_compose("actor_rollout_ref.rollout.val_kwargs.temperature=hot"))
+
+
 def test_free_form_mappings_take_new_keys():
     prepare_config(_compose("+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4", "+data.apply_chat_template_kwargs.enable_thinking=false"))  # fmt: skip
 

@@ -216,7 +216,10 @@ def test_main_ppo_rejects_a_bad_rollout_mode_with_one_line_before_ray_starts(tin
     from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
     pd.DataFrame(records_to_rows(generate_records(4, seed=1), "train")).to_parquet(tmp_path / "train.parquet")
+    from tests.cpu_overrides import CPU_OVERRIDES
+
     args = [
+        *CPU_OVERRIDES,
         f"data.train_files={tmp_path}/train.parquet",
         f"actor_rollout_ref.model.path={tiny_model_dir}",
         "data.max_prompt_length=384",

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import verl
-from tests.cpu_overrides import cpu_config
+from tests.cpu_overrides import CPU_OVERRIDES, cpu_config
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.torch_functional import compute_position_id_with_mask
@@ -175,6 +175,7 @@ def test_multi_turn_tool_workflow_trains_through_main_ppo(tiny_model_dir, tmp_pa
         "from verl.envs.tools import tool\n\n@tool\ndef get_weather(city: str) -> str:\n    return 'sunny'\n"
     )
     args = [
+        *CPU_OVERRIDES,
         f"data.train_files={tmp_path}/train.parquet", f"actor_rollout_ref.model.path={tiny_model_dir}",
         "data.max_prompt_length=384", "data.max_response_length=16", "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
