@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from tests.ppo_e2e import grpo_args, run_ppo, step_metrics, write_data
 from verl.trainer.main_ppo import _check_single_process
-from verl.trainer.ppo.ray_trainer import need_reward_model, reward_model_pool_spec
+from verl.trainer.ppo.utils import need_reward_model, reward_model_pool_spec
 
 CUSTOM_REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):

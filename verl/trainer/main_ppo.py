@@ -48,6 +48,8 @@ def _as_list(files) -> list[str]:
 
 def _check_paths(config: DictConfig) -> None:
     for key in ("train_files", "val_files"):
+        if config.data.get("domains"):  # files come per domain (checked there); data.<key> is verl's default
+            continue
         for f in _as_list(config.data.get(key)):
             if not os.path.isfile(f):
                 raise FileNotFoundError(f"data.{key}: no such file {f!r}; {MAKE_DATA_HINT}")
@@ -67,8 +69,8 @@ def _check_paths(config: DictConfig) -> None:
 def _check_reward_columns(config: DictConfig, datasets: list) -> None:
     """What the reward managers read, checked on every row before Ray starts: a `reward_model` dict with a
     'ground_truth', and (without a custom reward function) a data source that has a built-in scorer."""
-    from verl.trainer.ppo.ray_trainer import need_reward_model
     from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_reward_model
     from verl.utils.reward_score import KNOWN_DATA_SOURCES, has_default_scorer
 
     custom = get_custom_reward_fn(config) is not None
@@ -184,7 +186,7 @@ def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) 
             "trainer.single_process=true cannot run trainer.rollout_mode=async (the rollout group is a process "
             "of its own); use trainer.rollout_mode=sync or trainer.single_process=false"
         )
-    from verl.trainer.ppo.ray_trainer import reward_model_pool_spec
+    from verl.trainer.ppo.utils import reward_model_pool_spec
 
     if reward_model_pool_spec(config):
         raise ValueError(
@@ -231,14 +233,9 @@ def build_trainer(config: DictConfig):
     from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
     from verl.trainer.ppo import async_rollout
     from verl.trainer.ppo.domains import build_domain_datasets
-    from verl.trainer.ppo.ray_trainer import (
-        RayPPOTrainer,
-        ResourcePoolManager,
-        Role,
-        need_reward_model,
-        reward_model_pool_spec,
-    )
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
     from verl.trainer.ppo.reward import load_reward_manager
+    from verl.trainer.ppo.utils import need_reward_model, reward_model_pool_spec
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.tokenizer import hf_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker

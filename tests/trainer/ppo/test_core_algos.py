@@ -89,6 +89,9 @@ def test_advantage_estimator_enum_and_builtin_names():
         "gpg",
         "rloo_vectorized",
         "grpo_vectorized",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+        "gdpo",
     ]
     for name in names + ["reinforce"]:
         assert callable(get_adv_estimator_fn(name))

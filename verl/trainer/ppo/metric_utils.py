@@ -77,6 +77,20 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     return metrics
 
 
+def compute_gdpo_metrics(batch: DataProto, reward_keys: list[str]) -> dict[str, float]:
+    """verl's `gdpo/{key}/mean|std|max|min` of each GDPO reward component found in `non_tensor_batch` (std over
+    the batch, population form)."""
+    metrics: dict[str, float] = {}
+    for key in reward_keys:
+        if key in batch.non_tensor_batch:
+            values = np.asarray(batch.non_tensor_batch[key], dtype=np.float32)
+            metrics[f"gdpo/{key}/mean"] = float(np.mean(values))
+            metrics[f"gdpo/{key}/std"] = float(np.std(values))
+            metrics[f"gdpo/{key}/max"] = float(np.max(values))
+            metrics[f"gdpo/{key}/min"] = float(np.min(values))
+    return metrics
+
+
 def zero_std_fraction(scores: torch.Tensor, uids) -> float:
     """Share of prompt groups (same uid) whose samples all got the same score: such groups give GRPO
     zero advantages, the first thing to look at when the policy loss is 0."""

@@ -28,10 +28,12 @@ from verl.single_controller.ray import (
 )
 from verl.trainer.ppo import async_rollout, core_algos, failures, generation_dump, rlvr, run_options
 from verl.trainer.ppo import checkpoint as ckpt
+from verl.trainer.ppo import rollout_corr_helper as corr_helper
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_domain_metrics,
+    compute_gdpo_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
     compute_val_correct_metrics,
@@ -42,49 +44,19 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.resource_pool import ResourcePoolManager, Role
 from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.utils import (
+    check_trainer_config,
+    need_critic,
+    need_reference_policy,
+    need_reward_model,
+    reward_model_section,
+)
 from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
 from verl.utils.dataset.prompt_loader import iter_train_batches, load_batches
 from verl.utils.seqlen_balancing import balance_batch
 from verl.utils.system_metrics import prefixed, process_metrics
 from verl.utils.tracking import Tracking
-from verl.workers.reward_model_worker import check_reward_model_config
 from verl.workers.rollout.workflows import drop_rejected_rows
-
-
-def need_reference_policy(config: DictConfig) -> bool:
-    return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
-
-
-def _reward_model_section(config: DictConfig) -> Any:
-    return (config.get("reward") or {}).get("reward_model") or {}
-
-
-def need_reward_model(config: DictConfig) -> bool:
-    """`reward.reward_model.enable`: a reward-model worker group scores every response (`rm_scores`)."""
-    return bool(_reward_model_section(config).get("enable", False))
-
-
-def reward_model_pool_spec(config: DictConfig) -> dict[str, list[int]]:
-    """`{"reward_pool": [n_gpus_per_node] * nnodes}` when the reward model has processes of its own
-    (`reward.reward_model.enable_resource_pool`); `{}` when it shares the global pool (the default)."""
-    section = _reward_model_section(config)
-    if not (need_reward_model(config) and section.get("enable_resource_pool", False)):
-        return {}
-    sizes = {key: section.get(key) for key in ("n_gpus_per_node", "nnodes")}
-    for key, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(
-                f"reward.reward_model.{key}={value!r} must be a positive integer with "
-                "reward.reward_model.enable_resource_pool=true (on CPU n_gpus_per_node counts processes)"
-            )
-    return {"reward_pool": [sizes["n_gpus_per_node"]] * sizes["nnodes"]}
-
-
-def need_critic(config: DictConfig) -> bool:
-    enable = config.critic.get("enable", None)
-    if enable is not None:
-        return bool(enable)
-    return config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GAE
 
 
 class RayPPOTrainer:
@@ -145,6 +117,7 @@ class RayPPOTrainer:
         self.num_workers = int(config.data.get("dataloader_num_workers", 8))  # DataLoader processes per loader
         self.max_steps_duration, self.reward_extra_keys = 0.0, set()  # for the ESI save / the rollout dump
         async_rollout.resolve_async_config(config)
+        corr_helper.resolve_rollout_correction_config(config)  # algorithm.rollout_correction: checks, bypass
         self.total_training_steps = self._compute_total_training_steps()
         for section in (config.actor_rollout_ref.actor.optim, config.critic.optim):
             with open_dict(section):
@@ -152,47 +125,9 @@ class RayPPOTrainer:
 
     # ---------------------------------------------------------------- set-up
     def _check_config(self) -> None:
-        cfg = self.config
-        core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator)  # unknown name -> ValueError listing names
-        core_algos.get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
-        positive = {
-            "data.train_batch_size": cfg.data.train_batch_size,
-            "data.max_prompt_length": cfg.data.max_prompt_length,
-            "data.max_response_length": cfg.data.max_response_length,
-            "actor_rollout_ref.rollout.n": cfg.actor_rollout_ref.rollout.n,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
-            "actor_rollout_ref.actor.ppo_epochs": cfg.actor_rollout_ref.actor.ppo_epochs,
-            "trainer.total_epochs": cfg.trainer.total_epochs,
-        }
-        if not cfg.actor_rollout_ref.actor.get("use_dynamic_bsz", False):  # verl: a token budget needs no count
-            positive["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = (
-                cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
-            )
-        for key, value in positive.items():
-            if value is None or int(value) <= 0:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        bs, mini = cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        if bs % mini != 0:
-            raise ValueError(
-                f"data.train_batch_size={bs} must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
-            )
         pools = self.resource_pool_manager
         n_proc = sum(pools.resource_pool_spec[pools.mapping[Role.ActorRollout]])  # the actor's processes
-        if (mini * cfg.actor_rollout_ref.rollout.n) % n_proc != 0:
-            raise ValueError(
-                f"ppo_mini_batch_size * rollout.n = {mini * cfg.actor_rollout_ref.rollout.n} samples must be divisible "
-                f"by the number of worker processes ({n_proc} = trainer.nnodes * trainer.n_gpus_per_node)"
-            )
-        if cfg.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk", "opo") and cfg.actor_rollout_ref.rollout.n < 2:
-            print(f"warning: adv_estimator={cfg.algorithm.adv_estimator} with rollout.n=1 gives zero advantages")
-        if len(self.train_dataset) < bs:
-            raise ValueError(
-                f"the training set has {len(self.train_dataset)} prompts, fewer than data.train_batch_size={bs}"
-            )
-        if self.use_rm:
-            check_reward_model_config(_reward_model_section(cfg))
-        if cfg.trainer.resume_mode not in ("auto", "disable", "resume_path"):
-            raise ValueError(f"trainer.resume_mode={cfg.trainer.resume_mode!r}; allowed: auto, disable, resume_path")
+        check_trainer_config(self.config, n_proc, len(self.train_dataset))
 
     def _compute_total_training_steps(self) -> int:
         steps_per_epoch = len(self.train_dataset) // self.config.data.train_batch_size
@@ -222,7 +157,7 @@ class RayPPOTrainer:
                 self.role_worker_mapping[Role.Critic], config=critic_config
             )
         if self.use_rm:  # colocated in the global pool unless reward.reward_model.enable_resource_pool
-            rm_config = OmegaConf.create(OmegaConf.to_container(_reward_model_section(self.config), resolve=True))
+            rm_config = OmegaConf.create(OmegaConf.to_container(reward_model_section(self.config), resolve=True))
             rm_config.device = self.config.actor_rollout_ref.get("device", "auto")
             model = self.config.actor_rollout_ref.model  # the policy's tokenizer, as main_ppo loads it
             rm_config.input_tokenizer = self.config.data.get("tokenizer") or model.get("tokenizer_path") or model.path
@@ -484,8 +419,12 @@ class RayPPOTrainer:
             batch = self._rollout_score_and_filter(batch, timing, metrics)
         if cfg.trainer.get("balance_batch", False):  # equal token counts per rank (verl's balance_batch)
             batch = balance_batch(batch, self.actor_rollout_wg.world_size)
+        rollout_corr = cfg.algorithm.get("rollout_correction")  # verl: bypass reuses the rollout's log-probs
+        bypass = rollout_corr is not None and bool(rollout_corr.get("bypass_mode", False))
         with marked_timer("old_log_prob", timing):
-            if not cfg.actor_rollout_ref.actor.get("recompute_old_log_prob", True) and self.async_rollout is None:
+            if bypass:
+                corr_helper.apply_bypass_mode(batch, rollout_corr, cfg.actor_rollout_ref.actor.policy_loss)
+            elif not cfg.actor_rollout_ref.actor.get("recompute_old_log_prob", True) and self.async_rollout is None:
                 # the hf rollout sampled with the actor's own weights and dtype (the worker checks it), so its
                 # log-probs are the old policy's: no forward pass (actor/entropy then comes from the update)
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
@@ -510,6 +449,9 @@ class RayPPOTrainer:
                 metrics.update(kl_metrics)
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            if not bypass:  # decoupled mode: IS weights, rejection and rollout_corr/* metrics against old_log_probs
+                batch, corr_metrics = corr_helper.compute_rollout_correction_and_add_to_batch(batch, rollout_corr)
+                metrics.update(corr_metrics)
             batch = core_algos.compute_advantage(
                 batch,
                 adv_estimator=cfg.algorithm.adv_estimator,
@@ -530,6 +472,8 @@ class RayPPOTrainer:
         if self.async_rollout is not None:  # waits for the background generation, then sends the new weights
             self.async_rollout.end_step(self.global_steps, timing)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        if cfg.algorithm.adv_estimator == "gdpo":  # each reward component GDPO normalised on its own
+            metrics.update(compute_gdpo_metrics(batch, cfg.algorithm.get("gdpo_reward_keys") or []))
         if self.rlvr is not None:  # verifier scores as critic/score/*, every data metric per domain
             metrics.update(compute_domain_metrics(batch, self.use_critic, self.rlvr.extra_keys, self.rlvr.domain_key))
         self._last_batch = batch
