@@ -9,9 +9,13 @@ For a single process the two differ only by pages shared with processes outside 
 
 from __future__ import annotations
 
+import os
 import threading
 
-RAY_DAEMONS = ("gcs_server", "raylet", "dashboard", "log_monitor", "monitor.py", "runtime_env", "ray_client")
+RAY_DAEMONS = (
+    "gcs_server", "raylet", "dashboard", "DashboardAgent", "log_monitor", "monitor.py", "runtime_env",
+    "RuntimeEnvAgent", "ray_client",
+)  # fmt: skip
 
 
 def process_kind(is_root: bool, cmd: str) -> str:
@@ -23,18 +27,33 @@ def process_kind(is_root: bool, cmd: str) -> str:
     return "workers"
 
 
+def process_name(cmd: str) -> str:
+    """A short name for a command line: the Ray daemon it runs, `ray::<actor class>` for a Ray worker (its
+    command line changes with the task it runs), else the program's file name."""
+    daemon = next((d for d in RAY_DAEMONS if d in cmd), None)
+    if daemon:
+        return daemon.removesuffix(".py")
+    words = cmd.split()
+    ray_word = next((w for w in words if w.startswith("ray::")), None)
+    if ray_word:
+        return ray_word.split(".")[0]
+    return os.path.basename(words[0]) if words else "?"
+
+
 class TreeMemory:
     """Samples RSS and PSS of a process and all its descendants every `interval` s; keeps the peaks.
 
     `peak_mb` / `peak_pss_mb`: the whole tree. `peak_work_mb`: the driver and the processes doing the work, i.e.
     the tree less Ray's own daemons (gcs_server, raylet, dashboard, log monitor) and idle pre-started workers.
-    `peak_by_kind`: RSS per process kind, each at its own peak.
+    `peak_by_kind`: RSS per process kind, each at its own peak. `peak_by_process`: pid -> (kind, name, peak RSS MB)
+    of every process seen, the name being its command line's first word (a Ray worker's `ray::<actor class>`).
     """
 
     def __init__(self, pid: int, interval: float = 0.2):
         self.pid, self.interval = pid, interval
         self.peak_mb = self.peak_work_mb = self.peak_pss_mb = 0.0
         self.peak_by_kind: dict[str, float] = {}
+        self.peak_by_process: dict[int, tuple[str, str, float]] = {}  # pid -> (kind, name, peak RSS MB)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -52,6 +71,11 @@ class TreeMemory:
                 continue
             kind = process_kind(proc.pid == self.pid, cmd)
             by_kind[kind] = by_kind.get(kind, 0.0) + full.rss / 2**20
+            seen_kind, name, peak = self.peak_by_process.get(proc.pid, (kind, "", 0.0))
+            # a command line empties as the process exits; a Ray worker starts as ray::IDLE and becomes an actor
+            if cmd and (not name or name == "ray::IDLE"):
+                name, seen_kind = ("driver" if kind == "driver" else process_name(cmd)), kind
+            self.peak_by_process[proc.pid] = (seen_kind, name, max(peak, full.rss / 2**20))
             pss_total += getattr(full, "pss", full.rss) / 2**20
         return by_kind, pss_total
 

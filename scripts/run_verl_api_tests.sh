@@ -2,8 +2,8 @@
 # Run verl 0.9.1's own CPU unit tests of the verl API surface against THIS package (not part of CI).
 #
 # Downloads the verl 0.9.1 wheel (PyPI, no dependencies), copies its tests of the protocol, core_algos, loss
-# aggregation, value-loss normalisation and the @register decorator into a scratch directory outside the repo,
-# and runs them with this repository's interpreter, so that `import verl` resolves to this checkout.
+# aggregation, value-loss normalisation, rollout correction and the @register decorator into a scratch directory
+# outside the repo, and runs them with this repository's interpreter, so that `import verl` resolves to this checkout.
 # Usage: scripts/run_verl_api_tests.sh [extra pytest args]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 
@@ -21,6 +21,7 @@ for test in \
     tests/trainer/ppo/test_core_algos_on_cpu.py \
     tests/trainer/ppo/test_loss_aggregation_on_cpu.py \
     tests/trainer/ppo/test_value_loss_normalization_on_cpu.py \
+    tests/trainer/ppo/test_rollout_corr.py \
     tests/single_controller/test_decorator_on_cpu.py; do
     cp "$work/src/$test" "$work/tests/"
 done

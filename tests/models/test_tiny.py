@@ -154,3 +154,28 @@ def test_small_corpus_gives_smaller_vocab_and_matching_model(tmp_path):
         _ids(tok, "tiny text")
         == build_tokenizer(["tiny corpus text", "more tiny text"], 2048)("tiny text")["input_ids"]
     )
+
+
+def test_qwen2_5_0_5b_shape_without_building_it():
+    """The real-shape preset: Qwen2.5-0.5B's config values and parameter count (on the meta device: no memory)."""
+    from transformers import Qwen2ForCausalLM
+
+    from verl.models.tiny import tiny_config
+
+    config = tiny_config("qwen2.5-0.5b", tokenizer_size=2048, pad_id=0, eos_id=2)
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads)
+    assert shape == (896, 24, 14, 2)
+    assert (config.intermediate_size, config.vocab_size, config.tie_word_embeddings) == (4864, 151936, True)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == 494_032_768
+    assert tiny_config("xs", tokenizer_size=300, pad_id=0, eos_id=2).vocab_size == 300  # tiny sizes: the tokenizer's
+    with pytest.raises(ValueError, match="vocab_size 151936, fewer than the tokenizer's 200000 ids"):
+        tiny_config("qwen2.5-0.5b", tokenizer_size=200_000, pad_id=0, eos_id=2)
+
+
+def test_saved_parameter_count_reads_safetensors_headers(saved_dir):
+    from verl.models.tiny import saved_parameter_count
+
+    model = AutoModelForCausalLM.from_pretrained(saved_dir)
+    assert saved_parameter_count(saved_dir) == sum(p.numel() for p in model.parameters())

@@ -353,15 +353,15 @@ def test_worker_wrapping_passes_the_policy_to_every_fully_shard(monkeypatch, pro
     calls = []
     monkeypatch.setattr(fsdp_utils, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)))
     model = tiny_qwen2()
-    cfg = {"param_offload": True, "reshard_after_forward": False, "wrap_policy": {"min_num_params": 0}}
-    _, offload_optimizer = _wrap_fsdp2(model, cfg, "bfloat16", "cuda", "actor_rollout_ref.actor.fsdp_config")
+    cfg = {"param_offload": True, "reshard_after_forward": False, "wrap_policy": {"min_num_params": 0}, "dtype": "bf16"}
+    _, offload_optimizer = _wrap_fsdp2(model, cfg, "cuda", "actor_rollout_ref.actor.fsdp_config")
     assert offload_optimizer is False
     assert [m for m, _ in calls] == [*model.model.layers, model]
     for _, kwargs in calls:
         assert isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
         assert kwargs["reshard_after_forward"] is False and kwargs["mp_policy"].param_dtype == torch.bfloat16
     calls.clear()
-    _, offload_optimizer = _wrap_fsdp2(tiny_qwen2(), {"optimizer_offload": True}, "float32", "cuda", "critic.fsdp")
+    _, offload_optimizer = _wrap_fsdp2(tiny_qwen2(), {"optimizer_offload": True}, "cuda", "critic.fsdp")
     assert offload_optimizer is True and all("offload_policy" not in kwargs for _, kwargs in calls)
 
 

@@ -232,11 +232,15 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
+        from verl.workers.actor import model_forward
+
+        layout = dict(layout)
+        model_forward.HEAD_CHUNK_ELEMENTS = layout.pop("head_chunk_elements", model_forward.HEAD_CHUNK_ELEMENTS)
         model = make_model(seed=1)
         data = ppo_batch(model)  # built from the unsharded model: the same on both ranks
         for layer in model.model.layers:
             fully_shard(layer)
-        fully_shard(model)
+        fully_shard(model, reshard_after_forward=layout.pop("reshard_root", None))  # None: FSDP2's root default
         config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, **layout)
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1.0))
         actor.update_policy(data[list(range(4 * rank, 4 * rank + 4))])
@@ -255,8 +259,11 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         {"share_prompt_prefix": True},
         # a budget of 10 tokens gives rank 0 four micro-batches and rank 1 three: both must run four
         {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 10, "share_prompt_prefix": True},
+        # the LM head in chunks of 3 rows, checkpointed, on a root resharded after forward (as the workers shard)
+        {"use_remove_padding": True, "head_chunk_elements": 3 * VOCAB, "reshard_root": True},
+        {"share_prompt_prefix": True, "head_chunk_elements": 3 * VOCAB, "reshard_root": True},
     ],
-    ids=["packed", "shared_prompt", "dynamic_bsz_uneven"],
+    ids=["packed", "shared_prompt", "dynamic_bsz_uneven", "packed_head_chunks", "shared_head_chunks"],
 )
 def test_two_rank_fsdp2_update_equals_one_process(layout, tmp_path):
     """Under FSDP2 every rank must run as many forwards: the shared-prompt layout always makes two model calls,
@@ -281,3 +288,75 @@ def test_two_rank_fsdp2_update_equals_one_process(layout, tmp_path):
     dp_params = torch.load(tmp_path / "params.pt")
     reference, _ = updated_params()  # one process, all 8 rows, padded
     assert max((dp_params[k] - reference[k]).abs().max().item() for k in reference) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- LM head in chunks
+def full_logits_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Independent reference from the full logits: log-prob of the label, entropy, sum pi^2."""
+    log_softmax = torch.log_softmax(logits.float(), dim=-1)
+    probs = log_softmax.exp()
+    log_prob = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return log_prob, -(probs * log_softmax).sum(-1), (probs**2).sum(-1)
+
+
+def test_head_token_stats_equal_the_full_logits_one_chunk_alive_at_a_time():
+    from verl.workers.actor.model_forward import HeadSpec, head_token_stats
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, VOCAB, bias=False)
+    hidden = torch.randn(10, 16, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (10,))
+    weights = torch.randn(2, 10)
+    log_prob, entropy, sum_sq = full_logits_stats(head(hidden) / 0.7, labels)
+    (weights[0] * log_prob + weights[1] * entropy).sum().backward()
+    expected_grads = [hidden.grad.clone(), head.weight.grad.clone()]
+    hidden.grad = head.weight.grad = None
+
+    rows_seen = []
+    head.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
+    spec = HeadSpec(temperature=0.7, entropy=True, sum_pi_squared=True)
+    stats = head_token_stats(hidden, head, labels, spec, chunk_rows=3)
+    assert rows_seen == [3, 3, 3, 1]  # forward: chunk by chunk, no full logits
+    for column, expected in enumerate([log_prob, entropy, sum_sq]):
+        torch.testing.assert_close(stats[:, column], expected.detach(), atol=1e-5, rtol=0)
+    (weights[0] * stats[:, 0] + weights[1] * stats[:, 1]).sum().backward()
+    assert sorted(rows_seen[4:]) == [1, 3, 3, 3]  # backward recomputes each chunk once (checkpointed)
+    torch.testing.assert_close([hidden.grad, head.weight.grad], expected_grads, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # no autograd: no checkpoint, no recompute
+        head_token_stats(hidden, head, labels, HeadSpec(), chunk_rows=4)
+    assert rows_seen[8:] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
+def test_actor_forward_in_vocab_chunks_equals_the_full_logits(layout, lora, monkeypatch):
+    """Log-probs, entropy (with gradient), sum pi^2 and gradients of the actor's chunked LM head (3 rows per chunk)
+    against the unchunked log_softmax of one full padded forward, in every layout, also through peft LoRA."""
+    from verl.workers.actor import model_forward
+    from verl.workers.lora import apply_lora
+
+    monkeypatch.setattr(model_forward, "HEAD_CHUNK_ELEMENTS", 3 * VOCAB)
+    model = make_model(seed=4)
+    if lora:
+        model = apply_lora(model, OmegaConf.create({"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"}))
+        for name, param in model.named_parameters():  # non-zero B, so the adapters change the output
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.1)
+    batch = make_batch().batch
+    mask = batch["response_mask"].float()
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits[:, PROMPT_LEN - 1 : -1]
+    log_prob, entropy, sum_sq = full_logits_stats(logits / 0.8, batch["responses"])
+    ((log_prob + 0.3 * entropy) * mask).sum().backward()
+    expected_grads = grads(model)
+    model.zero_grad()
+
+    actor = DataParallelPPOActor(actor_config(**layout), model)
+    got = actor._forward_micro_batch(batch, 0.8, calculate_entropy=True, calculate_sum_pi_squared=True)
+    for value, expected in zip(got, [log_prob, entropy, sum_sq]):
+        torch.testing.assert_close(value * mask, expected.detach() * mask, atol=1e-5, rtol=0)
+    assert not got[2].requires_grad
+    ((got[0] + 0.3 * got[1]) * mask).sum().backward()
+    torch.testing.assert_close(grads(model), expected_grads, atol=1e-5, rtol=1e-5)
+    assert model.get_output_embeddings() is not None and "_HeadCall" not in str(type(model.get_output_embeddings()))

@@ -11,16 +11,23 @@ tokenizer as `Qwen2Tokenizer` with those components: any other choice would chan
 Layer 0 (models): imports only torch, transformers, tokenizers and optionally `verl.utils.dataset.rlla_synthetic`
 for extra corpus text. Must not import Ray or trainer code.
 
-CLI: `python -m verl.models.tiny --out DIR [--size xs|s|m] [--seed 0] [--corpus FILE]`.
+Real shapes: `size="qwen2.5-0.5b"` builds a random-weight model with Qwen2.5-0.5B's exact shape (hidden 896, 24
+layers, 14 heads / 2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings: 494M parameters, 1.98 GB in
+float32 safetensors), for scale tests. Its embedding and LM head have the real 151,936 rows (the real memory and
+logits cost) while the local tokenizer uses only its first ids; the others decode to nothing.
+
+CLI: `python -m verl.models.tiny --out DIR [--size xs|s|m|qwen2.5-0.5b] [--seed 0] [--corpus FILE]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -46,8 +53,9 @@ CHAT_TEMPLATE = (
 
 DEFAULT_VOCAB_SIZE = 2048
 
-# name -> Qwen2Config shape. Parameter counts (vocab 2048, tied embeddings): xs ~1.05M, s ~3.5M, m ~11M.
-MODEL_SIZES: dict[str, dict[str, int]] = {
+# name -> Qwen2Config shape. Parameter counts (vocab 2048, tied embeddings): xs ~1.05M, s ~3.5M, m ~11M. A shape
+# with its own `vocab_size` keeps it whatever the tokenizer's size (a real model's embedding and LM-head cost).
+MODEL_SIZES: dict[str, dict[str, Any]] = {
     "xs": dict(
         hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=384
     ),
@@ -56,6 +64,17 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     ),
     "m": dict(
         hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1152
+    ),
+    # Qwen/Qwen2.5-0.5B's config.json (494,032,768 parameters with tied embeddings)
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
     ),
 }
 
@@ -279,6 +298,28 @@ def random_qwen2(
     return Qwen2ForCausalLM(config)
 
 
+def tiny_config(size: str, tokenizer_size: int, pad_id: int, eos_id: int) -> Qwen2Config:
+    """The Qwen2Config of `size` (`MODEL_SIZES`) for a tokenizer of `tokenizer_size` ids: tied embeddings, float32,
+    vocabulary = the tokenizer's unless the shape fixes its own (which must hold every tokenizer id)."""
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; allowed: {sorted(MODEL_SIZES)}")
+    shape = {"vocab_size": tokenizer_size, "max_position_embeddings": 2048, "rope_theta": 10000.0, **MODEL_SIZES[size]}
+    if shape["vocab_size"] < tokenizer_size:
+        raise ValueError(
+            f"size {size!r} has vocab_size {shape['vocab_size']}, fewer than the tokenizer's {tokenizer_size} ids; "
+            "train a smaller tokenizer (--vocab-size)"
+        )
+    return Qwen2Config(
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype="float32",
+        **shape,
+    )
+
+
 def build_tiny_model(
     out_dir: str,
     size: str = "xs",
@@ -298,18 +339,7 @@ def build_tiny_model(
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
 
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=2048,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        torch_dtype="float32",
-        **MODEL_SIZES[size],
-    )
+    config = tiny_config(size, len(tokenizer), pad_id, eos_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
@@ -337,12 +367,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="xs", choices=sorted(MODEL_SIZES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", default=None, help="text file (one text a line) or .jsonl to train the tokenizer")
-    parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default 2048)")
     args = parser.parse_args(argv)
     corpus = _read_corpus_file(args.corpus) if args.corpus else None
     out = build_tiny_model(args.out, size=args.size, seed=args.seed, corpus=corpus, vocab_size=args.vocab_size)
-    n_params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(out).parameters())
-    print(f"tiny Qwen2 ({args.size}, {n_params / 1e6:.2f}M params) written to {out}")
+    print(f"Qwen2 ({args.size}, {saved_parameter_count(out) / 1e6:.2f}M params) written to {out}")
+
+
+def saved_parameter_count(model_dir: str) -> int:
+    """Parameters stored in a folder's safetensors files (a tied weight once), read from their headers only."""
+    from safetensors import safe_open
+
+    total = 0
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(model_dir, name), framework="pt") as f:
+                for key in f.keys():
+                    total += math.prod(f.get_slice(key).get_shape())
+    return total
 
 
 if __name__ == "__main__":

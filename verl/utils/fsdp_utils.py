@@ -2,7 +2,8 @@
 
 Owns: starting torch.distributed (`init_distributed`), wrapping a HF model with FSDP2 (`apply_fsdp2`, one
 `fully_shard` per decoder layer plus the root, or verl's `wrap_policy` choices; `fsdp_size` hybrid sharding;
-`forward_prefetch`), the offload choices of an `fsdp_config` (`offload_settings`: FSDP2 `CPUOffloadPolicy` for
+`forward_prefetch`), the mixed precision of an `fsdp_config` (`fsdp_mixed_precision`: compute, gradient-reduction
+and buffer dtypes), the offload choices of an `fsdp_config` (`offload_settings`: FSDP2 `CPUOffloadPolicy` for
 `param_offload`, optimizer state moved to CPU between updates for `optimizer_offload`, both only on CUDA: on CPU
 they print one notice per process), full (unsharded) state dicts in and out, the AdamW optimizer and
 warmup + constant/cosine LR schedule built from an `optim` config, gradient clipping on DTensor parameters,
@@ -20,6 +21,7 @@ import socket
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -32,11 +34,13 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from verl.utils.device import get_device_name, get_dist_backend
+from verl.utils.mixed_precision import resolve_mixed_precision
 
 __all__ = [
     "init_distributed",
     "apply_fsdp2",
     "fsdp_device_mesh",
+    "fsdp_mixed_precision",
     "offload_settings",
     "optimizer_state_on",
     "get_full_state_dict",
@@ -197,13 +201,16 @@ def apply_fsdp2(
     forward_prefetch: bool = False,
     fsdp_size: int = -1,
     wrap_policy: Any = None,
+    buffer_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Shard `model` with FSDP2: `fully_shard` on every wrap target (`_wrap_targets`: decoder layers by default),
     then on the root; returns the same object.
 
     `device_mesh` defaults to `fsdp_device_mesh(device type, world size, fsdp_size)` (the process group is started
     with `init_distributed` if needed). `param_dtype` / `reduce_dtype` set a `MixedPrecisionPolicy` (e.g. bf16
-    compute with fp32 gradient reduction); None keeps the parameters' dtype. `offload_policy` (FSDP2's
+    compute with fp32 gradient reduction); None keeps the parameters' dtype. FSDP2 has no buffer dtype (buffers are
+    not sharded and never cast): `buffer_dtype` casts the floating-point buffers (e.g. rotary `inv_freq`) once,
+    here; None leaves them as loaded. `offload_policy` (FSDP2's
     `CPUOffloadPolicy`, see `offload_settings`) keeps the sharded parameters, gradients and optimizer step on the
     CPU. `forward_prefetch` makes each wrapped layer prefetch the next one's all-gather in forward (depth 1, as
     verl). Parameters move to the mesh's device unless offloaded. A model without recognisable decoder layers is
@@ -214,6 +221,11 @@ def apply_fsdp2(
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
         device_mesh = fsdp_device_mesh(device_type, world_size, fsdp_size)
     kwargs: dict[str, Any] = {"mesh": device_mesh, "reshard_after_forward": reshard_after_forward}
+    if buffer_dtype is not None:
+        for module in model.modules():
+            for name, buf in module.named_buffers(recurse=False):
+                if buf.is_floating_point():
+                    setattr(module, name, buf.to(buffer_dtype))
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if offload_policy is not None:
@@ -227,6 +239,14 @@ def apply_fsdp2(
         for layer, following in zip(sharded, sharded[1:]):
             layer.set_modules_to_forward_prefetch([following])
     return model
+
+
+def fsdp_mixed_precision(fsdp_cfg: Any, where: str) -> dict[str, torch.dtype | None]:
+    """`apply_fsdp2`'s `param_dtype`, `reduce_dtype`, `buffer_dtype` for an `fsdp_config` (verl's `mixed_precision`
+    mapping over `dtype`; rules in `verl.utils.mixed_precision`). ValueError (one line, naming `where`) for a bad
+    value."""
+    resolved = resolve_mixed_precision(fsdp_cfg, where)
+    return {key: None if name is None else _DTYPES[name] for key, name in asdict(resolved).items()}
 
 
 # ---------------------------------------------------------------- CPU offload

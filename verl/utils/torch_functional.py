@@ -1,8 +1,8 @@
 """Tensor helpers shared by the actor, critic, rollout and algorithm code.
 
-Owns: log-probabilities and entropy from logits, masked statistics (sum, mean, var, whiten), response masks
-from EOS tokens, position ids from attention masks, prompt tokenisation with left padding, padding helpers, and
-the grouping of rows that share a prompt (`prompt_groups`, `group_first_rows`).
+Owns: log-probabilities, entropy and sum of squared probabilities from logits, masked statistics (sum, mean, var,
+whiten), response masks from EOS tokens, position ids from attention masks, prompt tokenisation with left padding,
+padding helpers, and the grouping of rows that share a prompt (`prompt_groups`, `group_first_rows`).
 Layer 1 (see DESIGN.md): imports only torch; must not import Ray, models or any other layer of the package.
 Numerical conventions follow verl (see specs/core_algos.md).
 """
@@ -90,6 +90,31 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - torch.sum(probs * logits, dim=-1)
+
+
+def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(logits)_v^2 = exp(logsumexp(2 * logits) - 2 * logsumexp(logits)), per position, no gradient.
+
+    Computed in float32 (float64 stays float64) row-chunk by row-chunk, so no temporary larger than
+    `LOGPROB_CHUNK_ELEMENTS` values is made whatever the vocabulary size. The optimal-token-baseline estimators
+    use it for the squared score norm 1 - 2 pi(y_t) + sum pi^2.
+
+    Args:
+        logits: (..., vocab_size).
+
+    Returns:
+        (...) float32 (or float64) values in [1/vocab_size, 1].
+    """
+    vocab_size = logits.shape[-1]
+    logits_2d = logits.detach().reshape(-1, vocab_size)
+    compute_dtype = torch.promote_types(logits_2d.dtype, torch.float32)
+    out = torch.empty(logits_2d.shape[0], dtype=compute_dtype, device=logits_2d.device)
+    step = _rows_per_chunk(vocab_size)
+    for start in range(0, logits_2d.shape[0], step):
+        chunk = logits_2d[start : start + step].to(compute_dtype)
+        log_sum_squares = torch.logsumexp(2.0 * chunk, dim=-1) - 2.0 * torch.logsumexp(chunk, dim=-1)
+        out[start : start + step] = torch.exp(log_sum_squares)
+    return out.reshape(logits.shape[:-1])
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:

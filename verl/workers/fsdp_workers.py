@@ -9,26 +9,31 @@ it up.
 
 Design choices:
 - The `hf` rollout engine gets its own un-sharded copy of the policy; after every actor update (and after
-  loading a checkpoint) the actor's full state dict is gathered (`get_full_state_dict`, all ranks) and loaded
-  into it (`rollout.update_weights`). `vllm`/`sglang` (`builds_from_path`) load `model.path` themselves (with
-  `rollout.load_format`, verl's default `dummy`: random weights) and receive the same state dict right after
-  `init_model` and after every update.
+  loading a checkpoint) the actor's weights are streamed into it from the FSDP2 shards, one gathered tensor at a
+  time (`verl.workers.weight_sync`; no full gather; vllm/sglang take buckets of
+  `rollout.checkpoint_engine.update_weights_bucket_megabytes`). `vllm`/`sglang` (`builds_from_path`) load
+  `model.path` themselves (with `rollout.load_format`, verl's default `dummy`: random weights) and receive the
+  same stream right after `init_model` and after every update.
 - `fsdp_config` (verl's keys): `model_dtype` is the dtype of the FSDP module's parameters (the actor's master
   weights; verl fp32), `reshard_after_forward`, `fsdp_size` (hybrid sharding), `forward_prefetch`, `wrap_policy`
   (`min_num_params` / `transformer_layer_cls_to_wrap`); on CUDA `param_offload` is FSDP2's `CPUOffloadPolicy` and
   `optimizer_offload` moves the optimizer state to CPU between updates (on CPU both print one notice). The
   critic reads `critic.fsdp`, then `critic.fsdp_config`, then `critic.model.fsdp_config`.
 - Async mode (`trainer.rollout_mode=async`): the actor group has role `actor`/`actor_ref` (no engine) and a
-  standalone `rollout` group generates; the trainer moves weights with `export_actor_weights` (rank 0's gathered
-  state dict) and `load_rollout_weights(state_dict, version)`, after which every generated token carries
-  `rollout_versions` = version (-1 on padding).
+  standalone `rollout` group generates; the trainer moves weights with `export_actor_weights` (rank 0's CPU
+  state dict, gathered bucket by bucket) and `load_rollout_weights(state_dict, version)`, after which every
+  generated token carries `rollout_versions` = version (-1 on padding).
 - LoRA (`model.lora_rank` > 0, `verl.workers.lora`): peft adapters on the actor and on the rollout copy; only
-  the adapters train and are synced; the reference policy is the actor with its adapters disabled.
+  the adapters train and are synced (vllm/sglang get the merged weights instead); the reference policy is the
+  actor with its adapters disabled.
 - `training/rollout_probs_diff_max` / `_mean` (|exp(rollout_log_probs) - exp(old_log_probs)| over response
   tokens, reduced over all ranks) are returned by `compute_log_prob` in `meta_info["metrics"]` when the batch
   holds `rollout_log_probs`: that is where the rollout's and the actor's log-probs of the same weights meet.
-- On GPU with `fsdp_config.dtype` bfloat16/float16 the actor keeps float32 master weights and computes in that dtype
-  (FSDP2 mixed precision, float32 gradient reduction); the reference and rollout copies are loaded in it.
+- Mixed precision (verl's `fsdp_config.mixed_precision` {param_dtype, reduce_dtype, buffer_dtype}, over
+  `fsdp_config.dtype`; rules in `verl.utils.mixed_precision`): the actor and critic keep master weights and
+  optimizer state in `model_dtype` (fp32) and compute in the param dtype through FSDP2's `MixedPrecisionPolicy`;
+  the reference is loaded in a low-precision compute dtype, the `hf` rollout copy in `rollout.dtype`. An explicit
+  `mixed_precision.param_dtype=bf16` computes in bf16 on CPU too.
 - Torch threads follow `VERL_NUM_THREADS` (set by the worker group; read by `Worker.__init__`).
 
 Layer 7: imports layers 1-6; must not import trainer code.
@@ -50,9 +55,12 @@ from verl.utils import fsdp_utils
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
+from verl.utils.mixed_precision import resolve_mixed_precision
+from verl.utils.system_metrics import phase_memory
+from verl.workers import weight_sync
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.lora import adapter_state_dict, apply_lora, disabled_adapters, lora_rank
+from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
 
@@ -122,18 +130,18 @@ def _check_supported(model_cfg: Any) -> None:
         )
 
 
-def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, dtype: str, device_name: str = "cpu", where: str = "fsdp_config"):
+def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, device_name: str = "cpu", where: str = "fsdp_config"):
     """FSDP2-shard `module` by its `fsdp_config` (verl's keys: reshard_after_forward, fsdp_size, forward_prefetch,
-    wrap_policy, param_offload/offload_policy); a low-precision `dtype` becomes the compute dtype (float32
-    gradient reduction). Returns `(module, offload_optimizer)`: whether the caller moves the optimizer state to CPU
-    between updates (`optimizer_offload` on CUDA; see `fsdp_utils.offload_settings`, which prints the CPU notice)."""
+    wrap_policy, param_offload/offload_policy; `mixed_precision` over `dtype` for the compute, gradient-reduction
+    and buffer dtypes, see `fsdp_utils.fsdp_mixed_precision`). Returns `(module, offload_optimizer)`: whether the
+    caller moves the optimizer state to CPU between updates (`optimizer_offload` on CUDA; see
+    `fsdp_utils.offload_settings`, which prints the CPU notice)."""
     fsdp_cfg = fsdp_cfg or {}
-    param_dtype = _LOW_PRECISION.get(str(dtype))
+    precision = fsdp_utils.fsdp_mixed_precision(fsdp_cfg, where)
     offload_policy, offload_optimizer = fsdp_utils.offload_settings(fsdp_cfg, device_name, where)
     module = fsdp_utils.apply_fsdp2(
         module,
-        param_dtype=param_dtype,
-        reduce_dtype=torch.float32 if param_dtype is not None else None,
+        **precision,
         reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
         offload_policy=offload_policy,
         forward_prefetch=bool(fsdp_cfg.get("forward_prefetch", False)),
@@ -192,9 +200,10 @@ def _canonical_dtype(name: Any) -> str:
 
 
 def compute_dtype(fsdp_cfg: Any) -> str:
-    """verl's `fsdp_config.dtype`: the compute (mixed-precision) dtype; float32 when unset. On CPU the driver has
-    already turned low-precision values into float32 (`verl.trainer.config.resolve_cpu_dtypes`)."""
-    return _canonical_dtype((fsdp_cfg or {}).get("dtype") or "float32")
+    """The compute dtype: `fsdp_config.mixed_precision.param_dtype`, else `fsdp_config.dtype` (verl's precedence,
+    `verl.utils.mixed_precision`); float32 when neither is set. On CPU the driver has already turned an implicit
+    low-precision `dtype` into float32 (`verl.trainer.config.resolve_cpu_dtypes`); `param_dtype` is kept."""
+    return resolve_mixed_precision(fsdp_cfg, "fsdp_config").param_dtype or "float32"
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -298,14 +307,14 @@ class ActorRolloutRefWorker(Worker):
         model_cfg = self.config.model
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
         fsdp_cfg = actor_cfg.get("fsdp_config")
-        dtype = compute_dtype(fsdp_cfg)
-        # master weights in fsdp_config.model_dtype (verl: fp32); `_wrap_fsdp2` makes a low `dtype` the compute dtype
+        # master weights and optimizer state in fsdp_config.model_dtype (verl: fp32); `_wrap_fsdp2` sets the compute
+        # dtype (mixed_precision.param_dtype, else dtype)
         gradient_checkpointing = bool(model_cfg.get("enable_gradient_checkpointing", False))
         module = self._load_policy(_model_dtype(fsdp_cfg), gradient_checkpointing)
         if self.use_lora:  # only the adapters train; the optimizer holds no state for the base weights
             module = apply_lora(module, model_cfg)
         self.actor_module, self.offload_actor_optimizer = _wrap_fsdp2(
-            module, fsdp_cfg, dtype, self.device_name, "actor_rollout_ref.actor.fsdp_config"
+            module, fsdp_cfg, self.device_name, "actor_rollout_ref.actor.fsdp_config"
         )
         optim_cfg = actor_cfg.optim
         self.actor_optimizer = fsdp_utils.build_optimizer(self.actor_module, optim_cfg)
@@ -338,7 +347,7 @@ class ActorRolloutRefWorker(Worker):
         # frozen: loading in the low-precision one of (model_dtype, compute dtype) gives the same forward
         load_dtype = dtype if dtype in _LOW_PRECISION else _model_dtype(fsdp_cfg)
         module, _ = _wrap_fsdp2(
-            self._load_policy(load_dtype), fsdp_cfg, dtype, self.device_name, "actor_rollout_ref.ref.fsdp_config"
+            self._load_policy(load_dtype), fsdp_cfg, self.device_name, "actor_rollout_ref.ref.fsdp_config"
         )
         self.ref_module = _freeze(module)
         self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.ref_module)
@@ -374,12 +383,9 @@ class ActorRolloutRefWorker(Worker):
             )
 
     def _sync_rollout_weights(self) -> None:
-        """model_update: push the actor's full (gathered) weights into the rollout engine (with LoRA only the
-        adapters). Collective."""
-        if self.use_lora:
-            self.rollout.update_weights(adapter_state_dict(self.actor_module))
-            return
-        self.rollout.update_weights(fsdp_utils.get_full_state_dict(self.actor_module, cpu_offload=True))
+        """model_update: stream the actor's weights from its shards into the rollout engine (with LoRA only the
+        adapters, or the merged weights for vllm/sglang; `verl.workers.weight_sync`). Collective."""
+        weight_sync.sync_rollout_weights(self.actor_module, self.rollout, self.config.rollout, self.use_lora)
 
     def _temperature(self) -> float:
         return float(self.config.get("rollout", {}).get("temperature", 1.0))
@@ -401,7 +407,8 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` (bs, response_len) under the current actor at `rollout.temperature`.
+        """`old_log_probs` and `entropys` (bs, response_len) under the current actor at `rollout.temperature`, plus
+        `sum_pi_squared` (bs, response_len) when `actor.calculate_sum_pi_squared` (for optimal_token_baseline).
 
         meta_info["metrics"] gets `training/rollout_probs_diff_max`/`_mean` when `rollout_log_probs` is present.
         """
@@ -414,14 +421,17 @@ class ActorRolloutRefWorker(Worker):
             use_dynamic_bsz=bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False)),
             max_token_len=rollout_cfg.get("log_prob_max_token_len_per_gpu", 16384),
         )
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        log_probs, entropys = log_probs.cpu(), entropys.cpu()
+        with_sum_pi_squared = bool(self.config.actor.get("calculate_sum_pi_squared", False))
+        outputs = self.actor.compute_log_prob(
+            data, calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
+        )
+        tensors = dict(zip(("old_log_probs", "entropys", "sum_pi_squared"), (t.cpu() for t in outputs)))
         metrics = {}
         if "rollout_log_probs" in data.batch.keys():
-            metrics = rollout_probs_diff_metrics(data.batch["rollout_log_probs"], log_probs, _response_mask(data))
-        return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropys}, meta_info={"metrics": metrics}
-        )
+            metrics = rollout_probs_diff_metrics(
+                data.batch["rollout_log_probs"], tensors["old_log_probs"], _response_mask(data)
+            )
+        return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -460,7 +470,8 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/lr"] = float(self.actor_lr_scheduler.get_last_lr()[0])
         self.actor_lr_scheduler.step()
         if self.rollout is not None:
-            self._sync_rollout_weights()
+            with phase_memory("weight_sync"):  # logged as system/actor_rollout_rank{r}/weight_sync_peak_rss_gb
+                self._sync_rollout_weights()
         return _metrics_output(metrics)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -482,10 +493,12 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ async mode: a standalone rollout group
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_actor_weights(self) -> dict[str, torch.Tensor] | None:
-        """The actor's full (gathered, CPU) state dict on rank 0, None on the other ranks. Collective."""
+        """The actor's weights as one CPU state dict on rank 0 (what the rollout group's engine needs: with LoRA
+        the adapters or the merged weights), None on the other ranks. Collective."""
         self._require(self.actor, "export_actor_weights", "actor, actor_ref, actor_rollout or actor_rollout_ref")
-        state_dict = fsdp_utils.get_full_state_dict(self.actor_module, cpu_offload=True)
-        return state_dict if self.rank == 0 else None
+        engine = get_rollout_class(self.config.rollout.get("name", "hf"))
+        mode = weight_sync.sync_mode(engine, self.use_lora)
+        return weight_sync.export_weights(self.actor_module, mode, keep=self.rank == 0)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_rollout_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -526,7 +539,6 @@ class CriticWorker(Worker):
             model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
         )
         fsdp_cfg = _critic_fsdp_config(self.config)
-        dtype = compute_dtype(fsdp_cfg)
         module = fsdp_utils.load_token_classification_model(
             model_cfg.path,
             dtype=_model_dtype(fsdp_cfg),
@@ -535,7 +547,7 @@ class CriticWorker(Worker):
             trust_remote_code=trust,
         )
         self.critic_module, self.offload_critic_optimizer = _wrap_fsdp2(
-            module, fsdp_cfg, dtype, self.device_name, "critic.fsdp"
+            module, fsdp_cfg, self.device_name, "critic.fsdp"
         )
         optim_cfg = self.config.optim
         self.critic_optimizer = fsdp_utils.build_optimizer(self.critic_module, optim_cfg)

@@ -1,11 +1,12 @@
-"""LoRA for the actor through peft: building the adapters, gathering them for the rollout, the reference
-policy as the base model with adapters disabled.
+"""LoRA for the actor through peft: building the adapters, the reference policy as the base model with adapters
+disabled.
 
-Owns `lora_rank`, `apply_lora`, `adapter_state_dict`, `is_lora_module` and `disabled_adapters`. Keys (verl's):
+Owns `lora_rank`, `apply_lora`, `is_lora_module` and `disabled_adapters`. Keys (verl's):
 `actor_rollout_ref.model.lora_rank` (> 0 turns LoRA on), `lora_alpha`, `target_modules` ("all-linear" or a
 list of module names). With LoRA only the adapters are trained (the optimizer holds no state for the base
-weights), only the adapters are sent to the rollout engine after an update, and the reference policy is the
-actor's own base model with its adapters switched off, so no second model is held in memory.
+weights), only the adapters are sent to an `hf` rollout engine after an update (vllm/sglang get the merged
+weights; see `verl.workers.weight_sync`), and the reference policy is the actor's own base model with its adapters
+switched off, so no second model is held in memory.
 Layer 5 helper (used by the FSDP workers): imports torch and peft, never Ray.
 """
 
@@ -15,10 +16,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch import nn
 
-__all__ = ["adapter_state_dict", "apply_lora", "disabled_adapters", "is_lora_module", "lora_rank"]
+__all__ = ["apply_lora", "disabled_adapters", "is_lora_module", "lora_rank"]
 
 
 def lora_rank(model_cfg: Any) -> int:
@@ -55,25 +55,6 @@ def apply_lora(module: nn.Module, model_cfg: Any) -> nn.Module:
 def is_lora_module(module: nn.Module) -> bool:
     """True for a peft model (one that has LoRA adapters)."""
     return hasattr(module, "peft_config")
-
-
-def adapter_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The full (gathered, CPU) LoRA adapter weights of a plain or FSDP2-sharded peft model, by parameter name.
-
-    A collective under FSDP2: every rank must call it. Only the `lora_` parameters travel, a small fraction
-    of the model.
-    """
-    from torch.distributed.tensor import DTensor
-
-    out = {}
-    for name, param in module.named_parameters():
-        if "lora_" not in name:
-            continue
-        tensor = param.full_tensor() if isinstance(param, DTensor) else param
-        out[name] = tensor.detach().to("cpu", copy=True)
-    if not out:
-        raise ValueError("the module has no lora_ parameters; was it built with apply_lora?")
-    return out
 
 
 @contextlib.contextmanager

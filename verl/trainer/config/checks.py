@@ -6,7 +6,9 @@ Owns `check_config(config)`, called by `main_ppo` after `migrate_legacy_keys` an
 - a key the YAML does not have (added with Hydra's `+key=...`) is refused unless it sits under a free-form
   mapping (a default of `{}` or null, e.g. `override_config`, `engine_kwargs`, `data.domains`);
 - keys of features this project does not implement (`key_policy.REFUSED`) accept verl's default only; keys
-  without effect here (`key_policy.NO_EFFECT`) print one notice when set to another value.
+  without effect here (`key_policy.NO_EFFECT`) print one notice when set to another value;
+- the FSDP sections' `dtype` and `mixed_precision` {param_dtype, reduce_dtype, buffer_dtype} must name dtypes
+  (`verl.utils.mixed_precision`).
 The YAML holds verl 0.9.1's defaults, so "the default" is verl's. Must not import torch, Ray or worker code.
 """
 
@@ -20,7 +22,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from verl.trainer.config.key_policy import ALSO_ALLOWED, NO_EFFECT, REFUSED
+from verl.trainer.config.key_policy import ALSO_ALLOWED, FSDP, NO_EFFECT, REFUSED
+from verl.utils.mixed_precision import resolve_mixed_precision
 
 CONFIG_YAML = os.path.join(os.path.dirname(__file__), "ppo_trainer.yaml")
 _MISSING = object()
@@ -47,18 +50,32 @@ NULLABLE_TYPES: dict[str, tuple[type, ...]] = {
     "reward.reward_model.model_path": (str,),
     "reward.sandbox_fusion.url": (str,),
     "actor_rollout_ref.rollout.max_model_len": (int,),
+    "actor_rollout_ref.actor.policy_loss.dro_beta": (float,),
     "ray_kwargs.ray_init.num_cpus": (int,),
     "trainer.ray_init.num_cpus": (int,),
     "trainer.cpus_per_worker": (int,),
+    "algorithm.rollout_correction.rollout_is": (str,),
+    "algorithm.rollout_correction.rollout_rs": (str,),
+    "algorithm.rollout_correction.rollout_rs_threshold": (str, float),
+    "*.fsdp_config.mixed_precision": (dict,),
+    "critic.fsdp.mixed_precision": (dict,),
+    "algorithm.gdpo_reward_keys": (list,),
+    "algorithm.gdpo_reward_weights": (list,),
 }
-# Keys that take a second type besides their default's (verl accepts both forms).
+# Keys that take a second type besides their default's (verl accepts both forms). The float ones: verl's
+# dataclass types them float while the YAML default is written as an int (0 or 1).
 EXTRA_TYPES: dict[str, tuple[type, ...]] = {
+    "actor_rollout_ref.actor.entropy_coeff": (float,),
+    "actor_rollout_ref.rollout.over_sample_rate": (float,),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": (float,),
+    "reward.reward_model.rollout.top_p": (float,),
     "trainer.logger": (str,),
     "data.train_files": (str, list),
     "data.val_files": (str, list),
     "actor_rollout_ref.model.target_modules": (list,),
     "actor_rollout_ref.rollout.top_p": (float,),
     "algorithm.filter_groups.metric": (str,),
+    "algorithm.rollout_correction.rollout_is_threshold": (str,),  # "lower_upper" (IcePop) besides a number
 }
 
 
@@ -208,6 +225,8 @@ def check_config(config: DictConfig, notify=None) -> None:
         reason = _policy(NO_EFFECT, path)
         if reason:
             notify(f"{path}={value!r} has no effect here: {reason}")
+    for section in FSDP:  # dtype names of `dtype` / `mixed_precision` (verl.utils.mixed_precision)
+        resolve_mixed_precision(OmegaConf.select(config, section), section)
 
 
 def _check_type(path: str, value: Any, default_value: Any) -> None:

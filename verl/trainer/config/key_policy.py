@@ -93,13 +93,9 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.ref.pad_to_length",
     ],
     "this actor option is not implemented": [
-        "actor_rollout_ref.actor.calculate_sum_pi_squared",
         "actor_rollout_ref.actor.use_prefix_grouper",
-        "actor_rollout_ref.actor.tau_pos",
-        "actor_rollout_ref.actor.tau_neg",
         "actor_rollout_ref.actor.loss_scale_factor",
         "critic.loss_scale_factor",
-        "actor_rollout_ref.actor.policy_loss.dro_beta",
         "actor_rollout_ref.actor.checkpoint.async_save",
         "actor_rollout_ref.actor.checkpoint.strict",
         "critic.checkpoint.async_save",
@@ -124,7 +120,9 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.engine_kwargs.trtllm",
         "actor_rollout_ref.rollout.router_config_path",
         "actor_rollout_ref.rollout.agent.*",
-        "actor_rollout_ref.rollout.checkpoint_engine.*",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend",
+        "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
         "actor_rollout_ref.rollout.trace.backend",
         "actor_rollout_ref.rollout.trace.token2text",
         "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker",
@@ -149,10 +147,6 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
         "data.tool_config_path",
         "data.function_tool_path",
-    ],
-    "verl's rollout-correction block is not implemented; use actor.tis_imp_ratio_cap (truncated IS) or "
-    "actor.use_decoupled_loss": [
-        "algorithm.rollout_correction.*",
     ],
     "this algorithm option is not implemented": [
         "algorithm.use_pf_ppo",

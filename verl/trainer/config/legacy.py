@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl.utils.mixed_precision import explicit_param_dtype
+
 Notify = Callable[[str], None]
 LOW_PRECISION = ("bfloat16", "bf16", "float16", "fp16")
 
@@ -172,20 +174,22 @@ def migrate_legacy_keys(config: DictConfig, n_workers: int, notify: Notify | Non
 
 
 def resolve_cpu_dtypes(config: DictConfig, device: str, notify: Notify | None = None) -> None:
-    """On CPU, run low-precision compute dtypes (verl's GPU default bfloat16) in float32, with one notice."""
+    """On CPU, run low-precision compute dtypes (verl's GPU default bfloat16) in float32, with one notice.
+
+    Only the implicit `dtype` keys change (their YAML default is verl's GPU setting, which cannot be told apart from
+    the same value set by hand); an FSDP section's `mixed_precision.param_dtype` (default null) is an explicit
+    request and is honoured: that section computes in it on CPU too (`verl.utils.mixed_precision`)."""
     if device != "cpu":
         return
-    keys = [
-        "actor_rollout_ref.actor.fsdp_config.dtype",
-        "actor_rollout_ref.ref.fsdp_config.dtype",
-        "actor_rollout_ref.rollout.dtype",
-        "critic.fsdp.dtype",
-    ]
+    sections = ["actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"]
+    keys = [f"{s}.dtype" for s in sections if not explicit_param_dtype(_get(config, s))]
+    keys.append("actor_rollout_ref.rollout.dtype")
     changed = [k for k in keys if str(_get(config, k)) in LOW_PRECISION]
     for key in changed:
         _set(config, key, "float32")
     if changed:
         (notify or _notice)(
             f"{', '.join(changed)}: bfloat16/float16 compute is a GPU setting (verl's default); on CPU this run "
-            "computes in float32 (set them to float32 to silence this)"
+            "computes in float32 (set them to float32 to silence this; fsdp_config.mixed_precision.param_dtype=bf16 "
+            "computes in bfloat16 on CPU)"
         )

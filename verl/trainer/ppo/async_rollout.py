@@ -66,7 +66,8 @@ def _int_at_least(value: Any, key: str, minimum: int) -> int:
 
 def resolve_async_config(config: DictConfig) -> None:
     """Check `trainer.rollout_mode`, `async_training.*` and the behaviour-policy correction keys, and fill in
-    what they imply (in place): `actor.use_decoupled_loss` null becomes true exactly in async mode without TIS,
+    what they imply (in place): `actor.use_decoupled_loss` null becomes true exactly in async mode without TIS
+    nor verl's rollout correction (`algorithm.rollout_correction.rollout_is` or `bypass_mode`),
     and a decoupled or TIS loss in async mode turns on `rollout.calculate_log_probs` (the behaviour log-probs)."""
     mode = config.trainer.get("rollout_mode", "sync")
     if mode not in ROLLOUT_MODES:
@@ -80,9 +81,11 @@ def resolve_async_config(config: DictConfig) -> None:
     actor = config.actor_rollout_ref.actor
     tis_cap = actor.get("tis_imp_ratio_cap", -1)
     tis_on = tis_cap is not None and tis_cap > 0
+    corr = (config.get("algorithm") or {}).get("rollout_correction") or {}  # verl's correction replaces ours
+    corr_on = corr.get("rollout_is") is not None or bool(corr.get("bypass_mode", False))
     decoupled = actor.get("use_decoupled_loss", None)
     if decoupled is None:
-        decoupled = mode == "async" and not tis_on
+        decoupled = mode == "async" and not tis_on and not corr_on
     if not isinstance(decoupled, bool):
         raise ValueError(f"actor_rollout_ref.actor.use_decoupled_loss={decoupled!r}; allowed: true, false, null")
     if decoupled and tis_on:
@@ -93,7 +96,7 @@ def resolve_async_config(config: DictConfig) -> None:
     cap = actor.get("behav_imp_weight_cap", None)
     if cap is not None and not (isinstance(cap, (int, float)) and cap > 1):
         raise ValueError(f"actor_rollout_ref.actor.behav_imp_weight_cap={cap!r}; allowed: a number > 1, or null")
-    if mode == "async" and not (decoupled or tis_on):
+    if mode == "async" and not (decoupled or tis_on or corr_on):
         print(
             "warning: trainer.rollout_mode=async with use_decoupled_loss=false and no tis_imp_ratio_cap: the loss "
             "treats stale samples as on-policy"

@@ -4,9 +4,11 @@ Owns: the advantage-estimator registry (`ADV_ESTIMATOR_REGISTRY`, `register_adv_
 `AdvantageEstimator`), the policy-loss registry (`POLICY_LOSS_REGISTRY`, `register_policy_loss`,
 `get_policy_loss_fn`), the value and entropy losses, `compute_rewards`, the deprecated functional
 `compute_policy_loss`, `get_kl_controller`, PF-PPO resampling and the `DataProto` step the trainer calls:
-`compute_advantage`. The built-in estimators live in `advantage.py`, the policy losses in `policy_loss.py`, the KL
-estimators and controllers in `kl.py`, `agg_loss` in `loss_aggregation.py`; none of them imports this module. This
-module registers the built-ins from their tables and re-exports everything, so `core_algos.<name>` is verl's API.
+`compute_advantage`. The built-in estimators live in `advantage.py` (gdpo and the optimal-token-baseline ones in
+`advantage_variants.py`), the policy losses in `policy_loss.py` (dppo_tv, dppo_kl, sapo, geo_mean, dro
+in `policy_loss_variants.py`, bypass_mode in `policy_loss_bypass.py`), the KL estimators and controllers in `kl.py`,
+`agg_loss` in `loss_aggregation.py`; none of them imports this module. This module registers the built-ins from
+their tables and re-exports everything, so `core_algos.<name>` is verl's API.
 Layer 3 (DESIGN.md): torch, numpy, `verl.utils` and those modules only; no models, Ray or I/O.
 """
 
@@ -37,6 +39,12 @@ from verl.trainer.ppo.advantage import (
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
+from verl.trainer.ppo.advantage_variants import (
+    VARIANT_ADV_ESTIMATORS,
+    compute_gdpo_outcome_advantage,
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
 from verl.trainer.ppo.kl import (
     KL_PENALTY_MODES,
     AdaptiveKLController,
@@ -58,6 +66,16 @@ from verl.trainer.ppo.policy_loss import (
     compute_policy_loss_topr,
     compute_policy_loss_vanilla,
 )
+from verl.trainer.ppo.policy_loss_bypass import compute_policy_loss_bypass_mode
+from verl.trainer.ppo.policy_loss_variants import (
+    VARIANT_POLICY_LOSSES,
+    PolicyLossFn,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_sapo,
+)
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -71,24 +89,34 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageEstimator",
     "FixedKLController",
+    "PolicyLossFn",
     "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_pf_ppo_reweight_data",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_topr",
     "compute_policy_loss_vanilla",
     "compute_reinforce_outcome_advantage",
@@ -124,11 +152,14 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
+    GDPO = "gdpo"
 
 
 # The registries are module globals looked up at call time (a test may swap in a new dict, as verl's tests do).
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
-POLICY_LOSS_REGISTRY: dict[str, Callable] = {}
+POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 
 
 def _same_function(a: Callable, b: Callable) -> bool:
@@ -183,10 +214,11 @@ def get_policy_loss_fn(name: str) -> Callable:
     return POLICY_LOSS_REGISTRY[name]
 
 
-for _name, _fn in BUILTIN_ADV_ESTIMATORS.items():
+for _name, _fn in {**BUILTIN_ADV_ESTIMATORS, **VARIANT_ADV_ESTIMATORS}.items():
     register_adv_est(_name)(_fn)
-for _name, _fn in BUILTIN_POLICY_LOSSES.items():
+for _name, _fn in {**BUILTIN_POLICY_LOSSES, **VARIANT_POLICY_LOSSES}.items():
     register_policy_loss(_name)(_fn)
+register_policy_loss("bypass_mode")(compute_policy_loss_bypass_mode)  # algorithm.rollout_correction.bypass_mode
 
 
 # ----------------------------------------------------------------------------------------- rewards, losses
@@ -351,11 +383,14 @@ def compute_advantage(
     """Run the registered estimator `adv_estimator` on a batch and write `advantages` and `returns` (bs, response_length).
 
     Reads token_level_rewards, response_mask (derived from the response part of attention_mask when missing, and
-    written back), values (gae), reward_baselines (remax) and non-tensor uid (group index). The estimator receives
-    exactly the arguments its signature names among token_level_rewards, response_mask, index, values, gamma, lam,
-    reward_baselines, norm_adv_by_std_in_grpo, epsilon (only if config has one) and config, so a user estimator with
-    verl's signature runs unchanged. Without `config` a dict of gamma, lam and norm_adv_by_std_in_grpo is passed.
-    `num_repeat` is accepted for verl compatibility and unused.
+    written back), values (gae), reward_baselines (remax), old_log_probs, sum_pi_squared and rollout_is_weights
+    (optimal_token_baseline; rollout_is_weights None when absent) and non-tensor uid (group index). The estimator
+    receives exactly the arguments its signature names among token_level_rewards, response_mask, index, values,
+    gamma, lam, reward_baselines, old_log_probs, sum_pi_squared, rollout_is_weights, norm_adv_by_std_in_grpo,
+    epsilon (only if config has one), config, batch and non_tensor_batch (gdpo's per-component rewards), so a user
+    estimator with verl's signature runs unchanged. An estimator naming sum_pi_squared on a batch without it
+    raises ValueError asking for actor_rollout_ref.actor.calculate_sum_pi_squared=True. Without `config` a dict of
+    gamma, lam and norm_adv_by_std_in_grpo is passed. `num_repeat` is accepted for verl compatibility and unused.
     """
     name = adv_estimator.value if isinstance(adv_estimator, Enum) else adv_estimator
     fn = get_adv_estimator_fn(name)
@@ -374,9 +409,17 @@ def compute_advantage(
         "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
         "config": config,
     }
-    for key in ("values", "reward_baselines"):
+    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared"):
         if key in batch.keys():
             available[key] = batch[key]
+    available["rollout_is_weights"] = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
+    available["batch"] = batch
+    available["non_tensor_batch"] = data.non_tensor_batch
+    if "sum_pi_squared" in inspect.signature(fn).parameters and "sum_pi_squared" not in available:
+        raise ValueError(
+            f"advantage estimator {name!r}: step-dependent optimal baseline requires sum_pi_squared from actor. "
+            "Please set actor_rollout_ref.actor.calculate_sum_pi_squared=True in config."
+        )
     if "uid" in data.non_tensor_batch:
         available["index"] = data.non_tensor_batch["uid"]
     if cfg_get(config, "epsilon", None) is not None:

@@ -6,8 +6,9 @@ truncated importance sampling and AReaL's decoupled behaviour weight, the metric
 the registry (`register_policy_loss`, `get_policy_loss_fn`) nor `agg_loss`: both live in core_algos, which imports
 this module at its end and re-exports the losses, so importing either module registers them. Layer 3 (DESIGN.md):
 imports torch, `verl.utils.torch_functional` and core_algos only. Every loss has verl's signature
-`fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs) -> (pg_loss scalar,
-metrics)`; all tensors are (bs, response_length).
+`fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs,
+rollout_is_weights) -> (pg_loss scalar, metrics)`; all tensors are (bs, response_length); `rollout_is_weights`
+(verl's `algorithm.rollout_correction` IS weights, detached) multiply the per-token losses before aggregation.
 """
 
 from __future__ import annotations
@@ -93,11 +94,15 @@ def _aggregate(
     response_mask: torch.Tensor,
     loss_agg_mode: str,
     config: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The scalar loss every policy loss ends with: weight the per-token losses for the behaviour policy (decoupled
-    PPO or TIS, when configured), then `agg_loss` them."""
+    PPO or TIS, when configured; then verl's `rollout_is_weights` of `algorithm.rollout_correction`, when given),
+    then `agg_loss` them."""
     pg_losses = _apply_decoupled(pg_losses, old_log_prob, rollout_log_probs, config)
     pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_probs, config)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     return agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config))
 
 
@@ -134,6 +139,7 @@ def compute_policy_loss_vanilla(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with dual clip
     (Ye et al. 2019, https://arxiv.org/abs/1912.09729) and asymmetric clip-higher (DAPO).
@@ -160,7 +166,9 @@ def compute_policy_loss_vanilla(
     pg_clipfrac_lower = verl_F.masked_mean(torch.gt(clipped, pg_losses3) * (advantages < 0).float(), response_mask)
 
     pg_losses = torch.where(advantages < 0, dual_clipped, clipped)
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     return pg_loss, _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower)
 
 
@@ -172,6 +180,7 @@ def compute_policy_loss_gspo(
     loss_agg_mode: str = "seq-mean-token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
 
@@ -189,7 +198,9 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * seq_ratio
     pg_losses2 = -advantages * torch.clamp(seq_ratio, 1 - clip_low, 1 + clip_high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, "seq-mean-token-mean", config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, "seq-mean-token-mean", config, rollout_is_weights
+    )
 
     pg_clipfrac = verl_F.masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
@@ -204,6 +215,7 @@ def compute_policy_loss_clip_cov(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs, https://arxiv.org/abs/2505.22617).
 
@@ -239,7 +251,9 @@ def compute_policy_loss_clip_cov(
     pg_clipfrac = verl_F.masked_mean((keep == 0).float(), response_mask)
 
     pg_losses = torch.maximum(pg_losses1, pg_losses2) * keep
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
 
 
@@ -251,6 +265,7 @@ def compute_policy_loss_kl_cov(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
 
@@ -282,7 +297,9 @@ def compute_policy_loss_kl_cov(
         penalise[top_flat_idx] = True
         pg_losses = torch.where(penalise.reshape(advantages.shape), pg_losses + ppo_kl_coef * abs_kl, pg_losses)
 
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     return pg_loss, _metrics(0.0, ppo_kl_abs, 0.0)
 
 
@@ -294,9 +311,18 @@ def compute_policy_loss_reinforce(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Plain REINFORCE (Williams 1992; AReaL's REINFORCE loss): L = -logp * A, on-policy, no importance ratio."""
-    pg_loss = _aggregate(-log_prob * advantages, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        -log_prob * advantages,
+        old_log_prob,
+        rollout_log_probs,
+        response_mask,
+        loss_agg_mode,
+        config,
+        rollout_is_weights,
+    )
     ppo_kl = verl_F.masked_mean(old_log_prob - log_prob, response_mask)
     return pg_loss, _metrics(0.0, ppo_kl, 0.0)
 
@@ -309,11 +335,12 @@ def compute_policy_loss_gpg(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group Policy Gradient loss (Chu et al. 2025, https://arxiv.org/abs/2504.02546): L = -logp * A, no ratio,
     no clip; pair it with the `gpg` advantage estimator. The same loss as `reinforce`, registered under GPG's name."""
     return compute_policy_loss_reinforce(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs, rollout_is_weights
     )
 
 
@@ -325,6 +352,7 @@ def compute_policy_loss_cispo(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clip the importance weight, never the gradient.
 
@@ -337,7 +365,9 @@ def compute_policy_loss_cispo(
     clipped_ratio = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     pg_losses = -clipped_ratio.detach() * advantages * log_prob
     pg_clipfrac = verl_F.masked_mean((ratio != clipped_ratio).float(), response_mask)
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)
 
 
@@ -349,6 +379,7 @@ def compute_policy_loss_topr(
     loss_agg_mode: str = "token-mean",
     config: Any = None,
     rollout_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Tapered Off-Policy REINFORCE (Le Roux et al. 2025, https://arxiv.org/abs/2503.14286; ROLL's `topr`).
 
@@ -367,7 +398,9 @@ def compute_policy_loss_topr(
     positive_losses = -w_pos * advantages * log_prob
     negative_losses = -w_neg * torch.clamp(ratio, 0.0, 1.0).detach() * advantages * log_prob
     pg_losses = torch.where(positive, positive_losses, negative_losses)
-    pg_loss = _aggregate(pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config)
+    pg_loss = _aggregate(
+        pg_losses, old_log_prob, rollout_log_probs, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     pg_clipfrac = verl_F.masked_mean(((ratio > 1.0) & ~positive).float(), response_mask)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
     return pg_loss, _metrics(pg_clipfrac, ppo_kl, 0.0)

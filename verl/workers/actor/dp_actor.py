@@ -12,6 +12,7 @@ Layer 5 of DESIGN.md: no Ray here.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -24,8 +25,13 @@ from verl.protocol import DataProto, real_row_mask
 from verl.trainer.ppo import core_algos
 from verl.utils.py_functional import append_to_dict
 from verl.utils.seqlen_balancing import rearrange_micro_batches
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from verl.workers.actor.model_forward import prompt_group_order, prompt_groups, response_outputs, scatter_to_responses
+from verl.workers.actor.model_forward import (
+    HeadSpec,
+    prompt_group_order,
+    prompt_groups,
+    response_outputs,
+    scatter_to_responses,
+)
 
 try:  # written by another engineer; fall back to torch's own clipping when it is not there
     from verl.utils.fsdp_utils import clip_grad_norm_ as _fsdp_clip_grad_norm
@@ -194,6 +200,27 @@ def positive_int(config: Any, key: str) -> int:
     return int(value)
 
 
+_OPTIONAL_LOSS_INPUTS = ("rollout_log_probs", "rollout_is_weights")  # batch keys a policy loss may take
+
+
+def _optional_loss_inputs(policy_loss_fn: Any, batch: Any) -> dict[str, torch.Tensor | None]:
+    """The keyword arguments of `_OPTIONAL_LOSS_INPUTS` that `policy_loss_fn` declares (or takes as **kwargs), from
+    `batch` (None when absent), so a loss written against verl 0.9.1 (`rollout_is_weights`, no
+    `rollout_log_probs`) runs unchanged. ValueError when the batch has `rollout_is_weights` and the loss cannot
+    take them (they would be silently dropped)."""
+    params = inspect.signature(policy_loss_fn).parameters
+    any_kw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {key: batch[key] if key in batch.keys() else None for key in _OPTIONAL_LOSS_INPUTS}
+    if kwargs["rollout_is_weights"] is not None and not (any_kw or "rollout_is_weights" in params):
+        name = getattr(policy_loss_fn, "__name__", policy_loss_fn)
+        raise ValueError(
+            f"policy loss {name} has no rollout_is_weights argument, but algorithm.rollout_correction.rollout_is "
+            "produced IS weights; add `rollout_is_weights=None` to it (multiplying the token losses) or set "
+            "rollout_is=null"
+        )
+    return {key: value for key, value in kwargs.items() if any_kw or key in params}
+
+
 def require_temperature(meta_info: dict) -> float:
     """The sampling temperature from `meta_info`; logits are divided by it."""
     if "temperature" not in meta_info:
@@ -236,36 +263,46 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(
-        self, micro_batch: Any, temperature: float, calculate_entropy: bool, entropy_grad: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (bs, response_len) of the responses and optionally their entropies (bs, response_len).
+        self,
+        micro_batch: Any,
+        temperature: float,
+        calculate_entropy: bool,
+        entropy_grad: bool = True,
+        calculate_sum_pi_squared: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs (bs, response_len) of the responses, optionally their entropies and sum_v pi_v^2 (no
+        gradient), each (bs, response_len) or None, all from the temperature-scaled logits.
 
         The token at response position t is predicted by the logits at position -response_len-1+t. The layout
         of the forward (padded, packed, shared prompt) follows `use_remove_padding` / `share_prompt_prefix`
         (see `model_forward`); all give the same values. Positions a packed forward skips (after a response's
         end, masked everywhere) get 0. With `entropy_grad=False` the entropy is computed without autograd.
+        The LM head runs in vocabulary chunks (`model_forward.HeadSpec`): no full (tokens x vocab) logits.
         """
-        responses = micro_batch["responses"]
-        logits, where = response_outputs(
+        stats, where = response_outputs(
             self.actor_module,
             micro_batch,
-            responses.shape[-1],
+            micro_batch["responses"].shape[-1],
             is_lm=True,
             use_remove_padding=bool(self.config.get("use_remove_padding", False)),
             share_prompt_prefix=bool(self.config.get("share_prompt_prefix", False)),
+            head=HeadSpec(temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared),
         )
-        logits = logits.float() / temperature
-        log_probs = scatter_to_responses(logprobs_from_logits(logits, responses[where]), where)
-        entropy = None
-        if calculate_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = scatter_to_responses(entropy_from_logits(logits), where)
-        return log_probs, entropy
+        columns = iter(stats.unbind(-1))  # log-prob, then entropy and sum pi^2 when asked for
+        log_probs = scatter_to_responses(next(columns), where)
+        entropy = scatter_to_responses(next(columns), where) if calculate_entropy else None
+        if entropy is not None and not entropy_grad:
+            entropy = entropy.detach()
+        sum_pi_squared = scatter_to_responses(next(columns).detach(), where) if calculate_sum_pi_squared else None
+        return log_probs, entropy, sum_pi_squared
 
     def compute_log_prob(
-        self, data: DataProto, calculate_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, data: DataProto, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Log-probs (bs, response_len) of `data.batch["responses"]`, and entropies or None, in `data`'s row order.
+
+        With `calculate_sum_pi_squared` a third tensor (bs, response_len) follows: per token, the sum over the
+        vocabulary of softmax(logits / temperature)^2 (verl's `sum_pi_squared`, for optimal_token_baseline).
 
         `data.batch`: `input_ids`, `attention_mask`, `position_ids`, `responses`. `data.meta_info`:
         `temperature`, `micro_batch_size` (samples per forward), optional `use_dynamic_bsz` with `max_token_len`
@@ -281,17 +318,24 @@ class DataParallelPPOActor:
         )
         device = module_device(self.actor_module)
         self.actor_module.eval()
-        log_probs, entropys = [], []
+        log_probs, entropys, sums_pi_squared = [], [], []
         with torch.no_grad():
             for micro_batch in micro_batches:
-                log_prob, entropy = self._forward_micro_batch(
-                    micro_batch.batch.to(device), temperature, calculate_entropy
+                log_prob, entropy, sum_pi_squared = self._forward_micro_batch(
+                    micro_batch.batch.to(device),
+                    temperature,
+                    calculate_entropy,
+                    calculate_sum_pi_squared=calculate_sum_pi_squared,
                 )
                 log_probs.append(log_prob)
                 if calculate_entropy:
                     entropys.append(entropy)
+                if calculate_sum_pi_squared:
+                    sums_pi_squared.append(sum_pi_squared)
         log_prob = _restore_order(torch.cat(log_probs, dim=0), order)
         entropy = _restore_order(torch.cat(entropys, dim=0), order) if calculate_entropy else None
+        if calculate_sum_pi_squared:
+            return log_prob, entropy, _restore_order(torch.cat(sums_pi_squared, dim=0), order)
         return log_prob, entropy
 
     # ------------------------------------------------------------------ update
@@ -300,7 +344,8 @@ class DataParallelPPOActor:
 
         `data.batch`: `input_ids`, `attention_mask`, `position_ids`, `responses`, `response_mask`,
         `old_log_probs`, `advantages` (the response-shaped ones (bs, response_len)), plus `ref_log_prob` when
-        `use_kl_loss` and `rollout_log_probs` when present. `data.meta_info["temperature"]` is required.
+        `use_kl_loss`, and `rollout_log_probs` / `rollout_is_weights` (verl's rollout-correction IS weights) when
+        present. `data.meta_info["temperature"]` is required.
 
         Every loss term is aggregated with the mini-batch's global sample and token counts (summed over ranks)
         and scaled by `dp_size`, so that summing micro-batch gradients and averaging them over ranks gives
@@ -323,8 +368,7 @@ class DataParallelPPOActor:
         keys += ["old_log_probs", "advantages"]
         if config.get("use_kl_loss", False):
             keys.append("ref_log_prob")
-        if "rollout_log_probs" in data.batch.keys():
-            keys.append("rollout_log_probs")
+        keys += [key for key in _OPTIONAL_LOSS_INPUTS if key in data.batch.keys()]
         missing = [key for key in keys if key not in data.batch.keys()]
         if missing:
             raise KeyError(f"update_policy needs batch keys {missing}; present: {sorted(data.batch.keys())}")
@@ -381,7 +425,9 @@ class DataParallelPPOActor:
         )
         # the entropy metric comes from the old-log-prob pass; without that pass (`recompute_old_log_prob`
         # false) it is measured here, without gradient when it is not part of the loss
-        entropy_metric = entropy_coeff != 0 or not bool(config.get("recompute_old_log_prob", True))
+        # (nor in verl's rollout-correction bypass mode, which reuses the rollout's log-probs too)
+        bypass = config.get("policy_loss", {}).get("loss_mode", "vanilla") == "bypass_mode"
+        entropy_metric = entropy_coeff != 0 or not bool(config.get("recompute_old_log_prob", True)) or bypass
 
         self.actor_optimizer.zero_grad()
         micro_metrics: dict[str, list] = {}
@@ -389,7 +435,7 @@ class DataParallelPPOActor:
         for micro_batch in micro_batches:
             batch = micro_batch.batch.to(device)
             response_mask = batch["response_mask"]
-            log_prob, entropy = self._forward_micro_batch(
+            log_prob, entropy, _ = self._forward_micro_batch(
                 batch, temperature, calculate_entropy=entropy_metric, entropy_grad=entropy_coeff != 0
             )
             pg_loss, pg_metrics = policy_loss_fn(
@@ -399,7 +445,7 @@ class DataParallelPPOActor:
                 response_mask=response_mask,
                 loss_agg_mode=loss_agg_mode,
                 config=self.loss_config,
-                rollout_log_probs=batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else None,
+                **_optional_loss_inputs(policy_loss_fn, batch),
             )
             loss = pg_loss
             pg_loss_sum += pg_loss.item()

@@ -20,6 +20,14 @@ log-probs or values and scatters them back (`scatter_to_responses`). Layouts:
   flows through the copies, so it serves the update pass too. Not with gradient checkpointing (HF drops the
   cache there).
 
+The LM head (`head=HeadSpec(...)`): a causal LM's output layer over a real vocabulary (151,936 ids for Qwen2.5)
+makes (tokens x vocab) logits, 0.6 MB per token in float32, several times over with the softmax and its autograd
+graph. With a `HeadSpec` the model's own head is swapped, for the call, for `_HeadCall`, which turns the hidden
+states of the kept positions into per-token statistics (log-prob of the label, entropy, sum pi^2) `HEAD_CHUNK_ELEMENTS`
+logits at a time (`head_token_stats`); under autograd each chunk is activation-checkpointed, so forward keeps only
+the chunk's statistics and backward recomputes its logits. One chunk of logits is alive at a time, in forward and
+backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered as for `.logits`.
+
 Also `prompt_group_order`, which reorders rows so that identical prompts sit together in micro-batches.
 Layer 5: torch and the model only, no Ray.
 """
@@ -28,18 +36,125 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from verl.utils.torch_functional import group_first_rows, prompt_groups
+from verl.utils.torch_functional import (
+    calculate_sum_pi_squared_from_logits,
+    entropy_from_logits,
+    group_first_rows,
+    logprobs_from_logits,
+    prompt_groups,
+)
 
-__all__ = ["prompt_group_order", "prompt_groups", "response_outputs", "scatter_to_responses"]
+__all__ = [
+    "HEAD_CHUNK_ELEMENTS",
+    "HeadSpec",
+    "head_token_stats",
+    "prompt_group_order",
+    "prompt_groups",
+    "response_outputs",
+    "scatter_to_responses",
+]
+
+# Logits (rows x vocab) the LM head makes at once in `head_token_stats`: 2**24 float32 values are 64 MiB (110 rows at
+# Qwen2.5's vocabulary of 151,936; a whole micro-batch at the tiny models' 2048).
+HEAD_CHUNK_ELEMENTS = 2**24
+
+
+# ---------------------------------------------------------------------------------------------- the LM head
+@dataclass(frozen=True)
+class HeadSpec:
+    """What the LM head gives per response token (`response_outputs(head=...)`), from softmax(logits / temperature):
+    column 0 the log-prob of the token, then its entropy when `entropy` (with gradient when `entropy_grad` and
+    autograd is on), then sum_v pi_v^2 when `sum_pi_squared` (never a gradient)."""
+
+    temperature: float = 1.0
+    entropy: bool = False
+    entropy_grad: bool = True
+    sum_pi_squared: bool = False
+
+
+def _chunk_stats(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
+    logits = head(hidden).float() / spec.temperature
+    columns = [logprobs_from_logits(logits, labels)]
+    if spec.entropy:
+        with torch.set_grad_enabled(spec.entropy_grad and torch.is_grad_enabled()):
+            columns.append(entropy_from_logits(logits))
+    if spec.sum_pi_squared:
+        columns.append(calculate_sum_pi_squared_from_logits(logits))
+    return torch.stack(columns, dim=-1)
+
+
+def head_token_stats(
+    hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, spec: HeadSpec, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """`spec`'s statistics (N, C) of labels (N,) under head(hidden) for hidden states (N, H), `chunk_rows` rows at a
+    time (default: `HEAD_CHUNK_ELEMENTS` // vocab). Equal to computing them from the full (N, vocab) logits. Under
+    autograd every chunk is checkpointed: only its inputs and (rows, C) outputs are kept, and backward recomputes
+    the chunk's logits, so at most one chunk of logits (and its softmax) is alive in forward and in backward."""
+    if chunk_rows is None:
+        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+        chunk_rows = max(1, HEAD_CHUNK_ELEMENTS // int(vocab))
+    outputs = []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        args = (head, hidden[start : start + chunk_rows], labels[start : start + chunk_rows], spec)
+        if torch.is_grad_enabled():
+            outputs.append(checkpoint(_chunk_stats, *args, use_reentrant=False))
+        else:
+            outputs.append(_chunk_stats(*args))
+    if not outputs:
+        columns = 1 + int(spec.entropy) + int(spec.sum_pi_squared)
+        return hidden.new_zeros(0, columns, dtype=torch.float32)
+    return torch.cat(outputs)
+
+
+class _HeadCall(nn.Module):
+    """Stands in for a causal LM's output layer during one model call (`_swapped_head`). With no `labels` it returns
+    the hidden states it is given (bs, k, H); with labels (bs, k) it returns `head_token_stats` of them (bs, k, C).
+    `prefix` (bs, 1, H) goes in front of the hidden states less their last position (the shared-prompt layout: the
+    prompt's last state predicts the first response token)."""
+
+    def __init__(
+        self, spec: HeadSpec | None = None, labels: torch.Tensor | None = None, prefix: torch.Tensor | None = None
+    ):
+        super().__init__()
+        self.spec, self.labels, self.prefix = spec, labels, prefix
+        self.target: tuple[nn.Module, ...] = ()  # the model's head, set by `_swapped_head` (not a child module)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.labels is None:  # a copy: an FSDP2 root warns when its output is a view
+            return hidden.clone()
+        if self.prefix is not None:
+            hidden = torch.cat([self.prefix.to(hidden.dtype), hidden[:, :-1]], dim=1)
+        stats = head_token_stats(
+            hidden.reshape(-1, hidden.shape[-1]), self.target[0], self.labels.reshape(-1), self.spec
+        )
+        return stats.view(*self.labels.shape, -1).clone()
+
+
+@contextlib.contextmanager
+def _swapped_head(module: nn.Module, replacement: _HeadCall | None) -> Iterator[None]:
+    """Put `replacement` where `module.get_output_embeddings()` sits (a peft model's inner LM too) for the block."""
+    if replacement is None:
+        yield
+        return
+    head = module.get_output_embeddings()
+    owner = next((sub, name) for sub in module.modules() for name, child in sub.named_children() if child is head)
+    replacement.target = (head,)
+    setattr(owner[0], owner[1], replacement)
+    try:
+        yield
+    finally:
+        setattr(owner[0], owner[1], head)
 
 
 def scatter_to_responses(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -61,25 +176,31 @@ def _common_left_pad(attention_mask: torch.Tensor) -> int:
     return int(used[0]) if used.numel() else 0
 
 
-def _call(module: nn.Module, is_lm: bool, keep: Any, **inputs: Any) -> torch.Tensor:
-    """module(**inputs).logits; a causal LM computes its head only at `keep` (HF `logits_to_keep`)."""
+def _call(module: nn.Module, is_lm: bool, keep: Any, head: _HeadCall | None = None, **inputs: Any) -> torch.Tensor:
+    """module(**inputs).logits; a causal LM computes its head only at `keep` (HF `logits_to_keep`), and `head`, when
+    given, replaces that head for the call (its output is what `.logits` holds)."""
     if is_lm:
         inputs["logits_to_keep"] = keep
-    return module(**inputs).logits
+    with _swapped_head(module, head):
+        return module(**inputs).logits
 
 
-def _padded(module: nn.Module, batch: Any, response_length: int, is_lm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(
+    module: nn.Module, batch: Any, response_length: int, is_lm: bool, head: HeadSpec | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     first = _common_left_pad(batch["attention_mask"])
-    out = _call(
-        module,
-        is_lm,
-        response_length + 1,
-        input_ids=batch["input_ids"][:, first:],
-        attention_mask=batch["attention_mask"][:, first:],
-        position_ids=batch["position_ids"][:, first:],
-        use_cache=False,
-    )
-    out = out[:, -response_length - 1 : -1]
+    inputs = {
+        "input_ids": batch["input_ids"][:, first:],
+        "attention_mask": batch["attention_mask"][:, first:],
+        "position_ids": batch["position_ids"][:, first:],
+        "use_cache": False,
+    }
+    if head is not None:  # the head sees exactly the positions predicting the response tokens
+        end = inputs["input_ids"].shape[1] - 1
+        keep = torch.arange(end - response_length, end, device=inputs["input_ids"].device)
+        out = _call(module, True, keep, _HeadCall(head, batch["input_ids"][:, -response_length:]), **inputs)
+    else:
+        out = _call(module, is_lm, response_length + 1, **inputs)[:, -response_length - 1 : -1]
     where = torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
     return out.reshape(-1, out.shape[-1]), where
 
@@ -144,7 +265,9 @@ def _varlen_attention(module: nn.Module) -> Iterator[None]:
     yield
 
 
-def _packed(module: nn.Module, batch: Any, response_length: int, is_lm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed(
+    module: nn.Module, batch: Any, response_length: int, is_lm: bool, head: HeadSpec | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     valid = batch["attention_mask"].bool()
     packed_index = torch.cumsum(valid.flatten(), 0).view(valid.shape) - 1  # (bs, seq_len) slot in the packed row
     seq_len = valid.shape[1]
@@ -154,11 +277,13 @@ def _packed(module: nn.Module, batch: Any, response_length: int, is_lm: bool) ->
     lengths = valid.sum(dim=1)
     bounds = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
     max_len = int(lengths.max())
+    head_call = None if head is None else _HeadCall(head, batch["input_ids"][:, -response_length:][where].unsqueeze(0))
     with _varlen_attention(module):
         out = _call(
             module,
             is_lm,
             keep,
+            head_call,
             input_ids=batch["input_ids"][valid].unsqueeze(0),
             position_ids=batch["position_ids"][valid].unsqueeze(0),
             attention_mask=None,
@@ -172,7 +297,7 @@ def _packed(module: nn.Module, batch: Any, response_length: int, is_lm: bool) ->
 
 
 def _shared_prompt(
-    module: nn.Module, batch: Any, response_length: int, is_lm: bool, groups: torch.Tensor
+    module: nn.Module, batch: Any, response_length: int, is_lm: bool, groups: torch.Tensor, head: HeadSpec | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from transformers import DynamicCache
 
@@ -186,6 +311,7 @@ def _shared_prompt(
         module,
         is_lm,
         1,
+        None if head is None else _HeadCall(),  # the prompt's last hidden state (G, 1, H)
         input_ids=input_ids[first_row, first:prompt_len],
         attention_mask=prompt_mask[:, first:],
         position_ids=pos[first_row, first:prompt_len],
@@ -193,17 +319,21 @@ def _shared_prompt(
         use_cache=True,
     )[:, -1:]
     cache.batch_select_indices(groups)  # each row gets (a differentiable copy of) its prompt's keys and values
+    head_call = None
+    if head is not None:
+        head_call = _HeadCall(head, input_ids[:, prompt_len:], prefix=prompt_out[groups])
     response_out = _call(
         module,
         is_lm,
         0,
+        head_call,
         input_ids=input_ids[:, prompt_len:],
         attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
         position_ids=pos[:, prompt_len:],
         past_key_values=cache,
         use_cache=True,
     )
-    out = torch.cat([prompt_out[groups], response_out[:, :-1]], dim=1)
+    out = response_out if head is not None else torch.cat([prompt_out[groups], response_out[:, :-1]], dim=1)
     where = torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
     return out.reshape(-1, out.shape[-1]), where
 
@@ -215,20 +345,25 @@ def response_outputs(
     is_lm: bool = True,
     use_remove_padding: bool = False,
     share_prompt_prefix: bool = False,
+    head: HeadSpec | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Model outputs at the positions predicting the response tokens, in the layout the flags pick.
 
     batch: `input_ids`, `attention_mask`, `position_ids` (bs, seq_len), the last `response_length` columns
         being the response. module: a HF model whose output has `.logits` (bs, seq, D); `is_lm` says it
         takes `logits_to_keep` (a causal LM; False for a value head).
+    head: for a causal LM, compute `HeadSpec`'s per-token statistics of the response tokens (D = C columns) in
+        vocabulary chunks instead of returning logits (D = vocab); see the module docstring.
     Returns (outputs (K, D), where (bs, response_length) bool): row k of outputs belongs to the k-th True
     position of `where` in row-major order. The shared-prompt layout is used when `share_prompt_prefix`
     (always two model calls, even when no prompt repeats: under FSDP every rank must run as many forwards);
     else packed with `use_remove_padding`; else padded.
     """
+    if head is not None and not is_lm:
+        raise ValueError("response_outputs(head=...) needs a causal LM (is_lm=True); a value model has no LM head")
     if share_prompt_prefix:
         groups = prompt_groups(batch["input_ids"], batch["attention_mask"], response_length)
-        return _shared_prompt(module, batch, response_length, is_lm, groups)
+        return _shared_prompt(module, batch, response_length, is_lm, groups, head)
     if use_remove_padding:
-        return _packed(module, batch, response_length, is_lm)
-    return _padded(module, batch, response_length, is_lm)
+        return _packed(module, batch, response_length, is_lm, head)
+    return _padded(module, batch, response_length, is_lm, head)

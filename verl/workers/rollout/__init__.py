@@ -128,6 +128,9 @@ def resolve_rollout_engine(
         ]
         engine_kwargs = rollout_cfg.get("engine_kwargs", None) or {}
         ignored += [f"engine_kwargs.{k}" for k in ("vllm", "sglang") if engine_kwargs.get(k)]
+        bucket_mb = (rollout_cfg.get("checkpoint_engine", None) or {}).get("update_weights_bucket_megabytes", 2048)
+        if bucket_mb != 2048:  # vllm/sglang's request size; hf loads the weights tensor by tensor
+            ignored.append(f"checkpoint_engine.update_weights_bucket_megabytes={bucket_mb}")
         if ignored:
             notices.append(
                 f"notice: actor_rollout_ref.rollout.{{{', '.join(ignored)}}} configure the vllm/sglang engines and "

@@ -1,9 +1,10 @@
 """The rollout engine interface and the steps every engine shares.
 
 Owns: `BaseRollout` (`generate_sequences`, `update_weights`, `agenerate` through the engine's
-`AsyncRolloutEngine`), `pad_responses` and `build_rollout_output`, which turns left-padded prompts plus generated ids into the batch fields of one PPO
-step (`prompts`, `responses`, `input_ids`, `attention_mask`, `position_ids`, `response_mask`,
-`rollout_log_probs`).
+`AsyncRolloutEngine`), `named_tensor_stream` and `engine_dtype` (what `update_weights` takes: a state dict, or the
+stream of weight buckets `verl.workers.weight_sync` sends), `pad_responses` and `build_rollout_output`, which turns
+left-padded prompts plus generated ids into the batch fields of one PPO step (`prompts`, `responses`, `input_ids`,
+`attention_mask`, `position_ids`, `response_mask`, `rollout_log_probs`).
 
 The sampling helpers (`SamplingSettings`, `resolve_sampling`, `generation_seed`, `resolve_token_ids`) live in
 `sampling.py` and are re-exported here. Layer 5: imports torch, verl.protocol, verl.utils, `async_engine` and
@@ -13,7 +14,8 @@ The sampling helpers (`SamplingSettings`, `resolve_sampling`, `generation_seed`,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Union
 
 import torch
 
@@ -25,24 +27,66 @@ from verl.workers.rollout.sampling import SamplingSettings, generation_seed, res
 __all__ = [
     "BaseRollout",
     "SamplingSettings",
+    "WeightSource",
     "build_rollout_output",
+    "engine_dtype",
     "generation_seed",
+    "named_tensor_stream",
     "pad_responses",
     "resolve_sampling",
     "resolve_token_ids",
 ]
 
 
+# a full state dict, or a stream of (name, tensor) pairs or of buckets (lists of pairs)
+WeightSource = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]], Iterable[list]]
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES.update({"bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16})
+
+
+def named_tensor_stream(weights: WeightSource) -> Iterator[tuple[str, torch.Tensor]]:
+    """The `(name, tensor)` pairs of a state dict, of a stream of pairs, or of a stream of buckets (lists of
+    pairs); a bucket is let go before the next one is asked for, so a reader that drops each tensor after use
+    holds at most one bucket."""
+    if isinstance(weights, Mapping):
+        yield from weights.items()
+        return
+    for item in weights:
+        if isinstance(item, tuple):
+            yield item
+        else:
+            yield from item
+        del item
+
+
+def engine_dtype(name: Any) -> torch.dtype | None:
+    """The torch dtype of an engine's `rollout.dtype` (bfloat16, bf16, float16, float32, ...); None for auto/unset."""
+    if name is None or str(name) == "auto":
+        return None
+    if str(name) not in _DTYPES:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={name!r} is not a dtype; allowed: auto, {sorted(_DTYPES)}")
+    return _DTYPES[str(name)]
+
+
 class BaseRollout(ABC):
     """A generation engine colocated with the actor of one rank."""
+
+    # the dtype the engine holds its weights in: the worker casts floating tensors to it before they are gathered
+    # (None: they are sent in the actor's dtype)
+    weight_dtype: torch.dtype | None = None
+    # False: `update_weights` gets `(name, tensor)` pairs gathered one at a time (verl's contract); True: lists of
+    # pairs of at most `rollout.checkpoint_engine.update_weights_bucket_megabytes` (one engine request per bucket)
+    takes_buckets: bool = False
 
     @abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One response per prompt row; see `build_rollout_output` for the fields returned."""
 
     @abstractmethod
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load the actor's full (un-sharded) state dict, called after every actor update."""
+    def update_weights(self, weights: WeightSource) -> None:
+        """Load the actor's weights, called after every actor update: a full state dict, or a stream of
+        `(name, tensor)` pairs or buckets (see `takes_buckets`; gathered from the actor's shards as they are read:
+        read the stream to its end and drop each tensor once loaded, see `named_tensor_stream`)."""
 
     async def agenerate(self, req: Any) -> Any:
         """One `ModelResponse` for a `ModelRequest`; concurrent calls share batched generate calls

@@ -1,8 +1,9 @@
 """The `hf` rollout engine: sampling with a HF model on an un-sharded copy of the policy (CPU and GPU, the default).
 
 Owns `HFRollout`. Weight sync (`model_update`): the engine holds its own plain (not FSDP-wrapped) copy of the
-policy; after every actor update the worker gathers the actor's full state dict and calls `update_weights`,
-which copies it in place. A separate copy (rather than generating with the FSDP2 module itself) keeps
+policy; after every actor update the worker streams the actor's weights to `update_weights` one gathered tensor
+at a time (`verl.workers.weight_sync`), which copies each into its parameter in place and drops it, so no second
+full copy is ever alive. A separate copy (rather than generating with the FSDP2 module itself) keeps
 generation free of collectives, so ranks may stop at different lengths and micro-batch counts, and its
 log-probs equal the actor's on the same weights up to KV-cache rounding (~1e-6). The cost is one extra copy of
 the weights per rank.
@@ -36,8 +37,10 @@ from verl.utils.torch_functional import group_first_rows, prompt_groups
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
+    WeightSource,
     build_rollout_output,
     generation_seed,
+    named_tensor_stream,
     resolve_sampling,
     resolve_token_ids,
 )
@@ -64,26 +67,34 @@ class HFRollout(BaseRollout):
             raise ValueError(f"rollout.micro_batch_size must be a positive int or null (= all), got {micro!r}")
         self.micro_batch_size = None if micro is None else int(micro)
         self.ignore_eos = bool(config.get("ignore_eos", False))  # verl's key: run every row to response_length
+        self.weight_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy the actor's full state dict into the engine's module in place (tied weights stay tied).
+    def update_weights(self, weights: WeightSource) -> None:
+        """Copy the actor's weights into the engine's module in place (tied weights stay tied).
 
-        Every parameter must be in `state_dict` under its own name or a name it is tied to; unknown keys raise.
-        A LoRA engine (a peft module) needs only its adapter (`lora_`) weights: its base weights never change.
+        `weights`: a full state dict, or a stream of `(name, tensor)` pairs or buckets (`named_tensor_stream`);
+        each tensor is copied into its parameter (cast to its dtype and device) and dropped. Every parameter must
+        arrive under its own name or a name it is tied to, except that a LoRA engine (a peft module) needs only its
+        adapter (`lora_`) weights: its base weights never change. A name the model does not have raises KeyError
+        after the stream has been read to its end (its gathers are collectives that every rank must finish).
         """
         own = dict(self.module.named_parameters(remove_duplicate=False))
         own.update(dict(self.module.named_buffers(remove_duplicate=False)))
-        unknown = sorted(set(state_dict) - set(own))
+        unknown: list[str] = []
+        loaded_ids = set()
+        for name, value in named_tensor_stream(weights):
+            target = own.get(name)
+            if target is None:
+                unknown.append(name)
+            else:
+                target.copy_(value)
+                loaded_ids.add(id(target))
+            del value  # the sender's memory goes back before the next tensor is gathered
         if unknown:
             raise KeyError(f"state dict has keys the rollout model does not: {unknown[:5]} ({len(unknown)} in all)")
-        loaded_ids = set()
-        for name, value in state_dict.items():
-            target = own[name]
-            target.copy_(value.to(device=target.device, dtype=target.dtype))
-            loaded_ids.add(id(target))
         lora = hasattr(self.module, "peft_config")
         missing = [
             n

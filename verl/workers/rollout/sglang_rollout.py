@@ -5,47 +5,40 @@ config (verl's keys and defaults) to `sglang.Engine(...)` and to one request's s
 from `model.path` (with verl's `load_format: dummy`, random weights: the worker syncs the actor's before the first
 generation) with `enable_memory_saver=True`; with `free_cache_engine` (verl's default) `generate_sequences` resumes
 its memory occupation (weights and KV cache), generates from token ids and releases it again, so the actor's FSDP2
-training owns the GPU memory in between. `update_weights` hands the actor's full state dict to
-`Engine.update_weights_from_tensor`.
+training owns the GPU memory in between. `update_weights` takes the actor's weights as the worker streams them
+(`verl.workers.weight_sync`: buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes`, gathered lazily
+on the GPU in `rollout.dtype`, HF names; with LoRA the merged weights) and hands each bucket to
+`Engine.update_weights_from_tensor`, flushing the prefix cache once at the end.
 
 SGLang is imported lazily: asking for this engine on a machine without CUDA or without sglang fails at
 construction with a message that names the problem and `actor_rollout_ref.rollout.name=hf`, the CPU engine (the
 driver normally falls back to `hf` before the workers start; see `verl.workers.rollout.resolve_rollout_engine`).
 
-Layer 5: imports torch, verl.protocol, verl.utils and sglang; must not import Ray.
+Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`) and sglang; must not import
+Ray.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (
-    BaseRollout,
-    SamplingSettings,
-    build_rollout_output,
-    generation_seed,
-    pad_responses,
-    resolve_sampling,
-    resolve_token_ids,
+from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype
+from verl.workers.rollout.gpu_engines import (
+    assemble_output,
+    engine_kwargs_section,
+    import_gpu_engine,
+    max_model_len,
+    prepare_requests,
 )
-from verl.workers.rollout.vllm_rollout import CPU_HINT, _engine_kwargs_section, max_model_len
 
 
 def _import_sglang():
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"rollout engine 'sglang' needs a CUDA GPU, and none is visible to this process; {CPU_HINT}")
-    try:
-        import sglang
-    except ImportError as err:
-        raise RuntimeError(
-            f"rollout engine 'sglang' needs the sglang package, which is not installed ({err}); "
-            f"install it with `pip install sglang` or {CPU_HINT}"
-        ) from err
-    return sglang
+    return import_gpu_engine("sglang", "sglang", "`pip install sglang`")
 
 
 def sglang_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool = False) -> dict[str, Any]:
@@ -75,7 +68,7 @@ def sglang_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool =
         "skip_tokenizer_init": True,  # token ids in and out
         "log_level": "error",
     }
-    kwargs.update(_engine_kwargs_section(config, "sglang"))
+    kwargs.update(engine_kwargs_section(config, "sglang"))
     return kwargs
 
 
@@ -93,6 +86,17 @@ def sglang_sampling_params(
         "sampling_seed": int(seed),
         "skip_special_tokens": False,
     }
+
+
+def weight_buckets(weights: WeightSource) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """`update_weights`' input as buckets (lists of `(name, tensor)`): a state dict is one bucket, a stream of
+    pairs is one bucket per pair, a stream of buckets is passed through."""
+    if isinstance(weights, Mapping):
+        yield list(weights.items())
+        return
+    for item in weights:
+        yield [item] if isinstance(item, tuple) else list(item)
+        del item
 
 
 def _known_sampling_keys(sglang: Any) -> set[str] | None:
@@ -113,14 +117,16 @@ class SGLangRollout(BaseRollout):
     """
 
     builds_from_path = True  # the worker passes model.path and syncs the actor's weights before generating
+    takes_buckets = True  # one update_weights_from_tensor request per bucket (verl's update_weights_bucket_megabytes)
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any = None, trust_remote_code: bool = False):
         sglang = _import_sglang()
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.response_length)
-        self.ignore_eos = bool(config.get("ignore_eos", False))
-        self.engine = sglang.Engine(**sglang_engine_kwargs(config, model_path, trust_remote_code))
+        kwargs = sglang_engine_kwargs(config, model_path, trust_remote_code)
+        self.weight_dtype = engine_dtype(kwargs["dtype"])
+        self.engine = sglang.Engine(**kwargs)
         self._sampling_keys = _known_sampling_keys(sglang)
         self.frees_memory = bool(config.get("free_cache_engine", True)) and hasattr(
             self.engine, "release_memory_occupation"
@@ -138,11 +144,15 @@ class SGLangRollout(BaseRollout):
             self.engine.resume_memory_occupation(**({"tags": tags} if tags else {}))
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load the actor's full state dict with `update_weights_from_tensor` (weights resumed meanwhile)."""
+    def update_weights(self, weights: WeightSource) -> None:
+        """Load the actor's weights with `update_weights_from_tensor`, one request per bucket (a state dict is one
+        bucket), weights resumed meanwhile; the prefix cache is flushed once, after the last bucket."""
         self._resume(["weights"])
         try:
-            self.engine.update_weights_from_tensor(list(state_dict.items()), flush_cache=True)
+            for bucket in weight_buckets(weights):
+                self.engine.update_weights_from_tensor(bucket, flush_cache=False)
+                del bucket
+            self.engine.flush_cache()
         finally:
             self._release(["weights"])
 
@@ -152,45 +162,26 @@ class SGLangRollout(BaseRollout):
         """Same contract as `HFRollout.generate_sequences` (`rollout_log_probs` from SGLang's output token
         log-probs when `rollout.calculate_log_probs`; with `rollout.ignore_eos` every response runs to
         `response_length` and all of it is in `response_mask`)."""
-        meta = prompts.meta_info
-        sampling = resolve_sampling(self.config, meta)
-        eos_token_id, pad_token_id = resolve_token_ids(meta, self.tokenizer)
-        want_log_probs = bool(meta.get("calculate_log_probs", self.config.get("calculate_log_probs", False)))
-        seed = generation_seed(self.config, meta, self._calls)
+        req = prepare_requests(self.config, prompts, self.tokenizer, self._calls)
         self._calls += 1
-
-        input_ids = prompts.batch["input_ids"].cpu()
-        mask = prompts.batch["attention_mask"].cpu().bool()
-        token_prompts = [ids[m].tolist() for ids, m in zip(input_ids, mask)]
-        stop_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
         params = []
-        for i in range(len(token_prompts)):
-            p = sglang_sampling_params(sampling, self.response_length, stop_ids, seed + i, self.ignore_eos)
+        for i in range(len(req.prompt_ids)):
+            p = sglang_sampling_params(
+                req.sampling, self.response_length, req.stop_token_ids, req.seed + i, req.ignore_eos
+            )
             if self._sampling_keys is not None:
                 p = {k: v for k, v in p.items() if k in self._sampling_keys}
             params.append(p)
         self._resume()
         try:
             outputs = self.engine.generate(
-                input_ids=token_prompts, sampling_params=params, return_logprob=want_log_probs
+                input_ids=req.prompt_ids, sampling_params=params, return_logprob=req.want_log_probs
             )
         finally:
             self._release()
 
-        generated = [torch.tensor(out["output_ids"], dtype=torch.long) for out in outputs]
-        responses = pad_responses(generated, self.response_length, pad_token_id)
+        generated = [out["output_ids"] for out in outputs]
         log_probs = None
-        if want_log_probs:
-            log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-            for i, out in enumerate(outputs):
-                values = [float(entry[0]) for entry in out["meta_info"]["output_token_logprobs"]]
-                n = min(len(values), self.response_length)
-                log_probs[i, :n] = torch.tensor(values[:n])
-        device = prompts.batch["input_ids"].device
-        return build_rollout_output(
-            prompts,
-            responses.to(device),
-            [] if self.ignore_eos else eos_token_id,
-            pad_token_id,
-            None if log_probs is None else log_probs.to(device),
-        )
+        if req.want_log_probs:
+            log_probs = [[float(entry[0]) for entry in out["meta_info"]["output_token_logprobs"]] for out in outputs]
+        return assemble_output(prompts, req, generated, log_probs, self.response_length)

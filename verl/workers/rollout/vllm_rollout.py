@@ -1,83 +1,99 @@
-"""The `vllm` rollout engine: a colocated `vllm.LLM` that sleeps during training (GPU only).
+"""The `vllm` rollout engine: a colocated `vllm.LLM` driven through vLLM's public API only (GPU only, vLLM 0.32).
 
-Owns `VLLMRollout` and the pure functions `vllm_engine_kwargs` / `vllm_sampling_kwargs` that map the rollout
-config (verl's keys and defaults) to `vllm.LLM(...)` and `vllm.SamplingParams(...)`. The engine is built from
-`model.path` (with verl's `load_format: dummy`, random weights: the worker syncs the actor's before the first
-generation). With `free_cache_engine` (verl's default) it is built with `enable_sleep_mode=True` and put to
-sleep (level 1: weights to CPU, KV cache freed) right away; `generate_sequences` wakes it, generates and puts it
-back to sleep, so the actor's FSDP2 training owns the GPU memory in between. After every actor update the
-worker calls `update_weights(full_state_dict)`, which wakes only the weights and loads them with the vLLM
-model's own `load_weights`.
+Owns `VLLMRollout` and the pure functions `vllm_engine_kwargs` / `vllm_sampling_kwargs` that map the rollout config
+(verl's keys and defaults) to `vllm.LLM(...)` and `vllm.SamplingParams(...)`. What it calls of vLLM, all public in
+vLLM 0.32 (`vllm/entrypoints/llm.py`):
+- `LLM(model=..., dtype=..., load_format=..., gpu_memory_utilization=..., enable_sleep_mode=...,
+  worker_extension_cls=..., ...)`: built from `model.path`; with verl's `load_format: dummy` (random weights) the
+  worker syncs the actor's weights before the first generation.
+- `LLM.generate(prompts, sampling_params, use_tqdm=False)` with token-id prompts (`{"prompt_token_ids": [...]}`) and
+  one `SamplingParams` per row (`logprobs=0` returns the sampled token's log-prob, after temperature / top-k / top-p:
+  `logprobs_mode="processed_logprobs"`, the formula the actor uses).
+- `LLM.collective_rpc("verl_load_weights", args=(bucket,))` on our worker extension
+  (`verl.workers.rollout.vllm_worker_extension`), whose method calls the vLLM model's own `load_weights`.
+- `LLM.sleep(level=1)` / `LLM.wake_up(tags=...)` with `free_cache_engine` (verl's default, `enable_sleep_mode`):
+  put to sleep right after construction (weights to CPU, KV cache freed); `generate_sequences` wakes it fully and
+  puts it back to sleep, `update_weights` wakes only the weights; so the actor's FSDP2 training owns the GPU memory
+  in between. `LLM.reset_prefix_cache()` after every weight update (cached KV of old weights is stale).
 
-vLLM is imported lazily: asking for this engine on a machine without CUDA or without vLLM fails at
-construction with a message that names the problem and `actor_rollout_ref.rollout.name=hf`, the CPU engine.
-The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that weights can be loaded directly.
+Weights: the worker streams the actor's weights (`verl.workers.weight_sync`) in buckets of
+`rollout.checkpoint_engine.update_weights_bucket_megabytes` (`takes_buckets`), in the engine's dtype, under plain HF
+names; with LoRA the adapters are merged into the base weights before they are sent (W + scaling * B @ A, the
+`merged` sync mode): vLLM's own LoRA (`enable_lora`, `LoRARequest`) is not used and is refused in `engine_kwargs`.
+`update_weights` also takes a state dict or a stream of `(name, tensor)` pairs, bucketed by the same size.
 
-Layer 5: imports torch, verl.protocol, verl.utils and vllm; must not import Ray.
+One engine per rank (data parallel), in the worker's process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the buckets
+reach the vLLM worker by reference (no copy); with more than one rank, vLLM's `external_launcher` executor, which
+joins the torch.distributed group the FSDP workers already started. vLLM is imported lazily: asking for this engine
+without CUDA or without vLLM fails at construction with a message naming `actor_rollout_ref.rollout.name=hf`.
+
+Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`, `vllm_worker_extension`),
+`verl.workers.weight_sync.bucket_bytes` and vllm (lazily); must not import Ray.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (
-    BaseRollout,
-    SamplingSettings,
-    build_rollout_output,
-    generation_seed,
-    pad_responses,
-    resolve_sampling,
-    resolve_token_ids,
+from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype
+from verl.workers.rollout.gpu_engines import (
+    assemble_output,
+    engine_kwargs_section,
+    import_gpu_engine,
+    max_model_len,
+    prepare_requests,
+    weight_buckets_by_size,
 )
+from verl.workers.rollout.vllm_worker_extension import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION_CLS, peft_name_problem
+from verl.workers.weight_sync import bucket_bytes
 
-CPU_HINT = "use actor_rollout_ref.rollout.name=hf, the engine that runs on CPU and GPU"
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# engine_kwargs.vllm keys this engine cannot honour, with why
+_REFUSED_ENGINE_KWARGS = {
+    "enable_lora": "LoRA reaches vLLM merged into the base weights (no vLLM adapters); remove it",
+    "quantization": "weights are reloaded in place with load_weights after every update, which is only right for "
+    "unquantized weights; remove it",
+    "worker_extension_cls": f"the engine loads weights through its own extension ({WORKER_EXTENSION_CLS}); remove it",
+}
 
 
-def _import_vllm():
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"rollout engine 'vllm' needs a CUDA GPU, and none is visible to this process; {CPU_HINT}")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    try:
-        import vllm
-    except ImportError as err:
+def _import_vllm() -> Any:
+    """vllm, imported in-process mode (the engine core and its worker in this process)."""
+    if os.environ.get(MULTIPROCESSING_ENV, "0") != "0":
         raise RuntimeError(
-            f"rollout engine 'vllm' needs the vllm package, which is not installed ({err}); "
-            f"install it with `pip install -e .[gpu]` or {CPU_HINT}"
-        ) from err
-    return vllm
+            f"{MULTIPROCESSING_ENV}={os.environ[MULTIPROCESSING_ENV]}: the vllm rollout engine runs vLLM in the "
+            f"worker's process to hand it the actor's weights by reference; unset {MULTIPROCESSING_ENV} or set it to 0"
+        )
+    if torch.cuda.is_available():
+        os.environ[MULTIPROCESSING_ENV] = "0"  # read by vllm when the engine is built
+    return import_gpu_engine("vllm", "vllm", "`pip install -e .[gpu]` (vllm 0.32)")
 
 
-def _engine_kwargs_section(config: Any, engine: str) -> dict[str, Any]:
-    """`rollout.engine_kwargs.<engine>` as a plain dict without None values (passed through last, as verl does)."""
-    section = (config.get("engine_kwargs", None) or {}).get(engine, None) or {}
-    return {str(k): v for k, v in dict(section).items() if v is not None}
-
-
-def max_model_len(config: Any) -> int:
-    """`rollout.max_model_len`, or prompt_length + response_length when null (the longest sequence a step makes)."""
-    value = config.get("max_model_len", None)
-    return int(value) if value is not None else int(config.prompt_length) + int(config.response_length)
-
-
-def vllm_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool = False) -> dict[str, Any]:
+def vllm_engine_kwargs(
+    config: Any, model_path: str, trust_remote_code: bool = False, world_size: int = 1
+) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM(...)` from the `actor_rollout_ref.rollout` section (verl's keys and defaults).
 
-    `free_cache_engine` becomes `enable_sleep_mode`; without chunked prefill `max_num_batched_tokens` is raised to
-    `max_model_len` (vLLM's requirement, as verl does); `engine_kwargs.vllm` is merged last and wins.
+    `free_cache_engine` becomes `enable_sleep_mode`; verl's `dummy_*` load formats become `dummy`; without chunked
+    prefill `max_num_batched_tokens` is raised to `max_model_len` (vLLM's requirement, as verl does); with
+    `world_size` > 1 (ranks of the worker's torch.distributed group) vLLM's `external_launcher` executor.
+    `engine_kwargs.vllm` is merged last and wins, except for the keys this engine cannot honour (ValueError).
     """
     model_len = max_model_len(config)
     chunked_prefill = bool(config.get("enable_chunked_prefill", True))
     batched_tokens = int(config.get("max_num_batched_tokens", 8192))
     if not chunked_prefill:
         batched_tokens = max(batched_tokens, model_len)
-    kwargs = {
+    load_format = str(config.get("load_format", "dummy"))
+    kwargs: dict[str, Any] = {
         "model": model_path,
         "dtype": str(config.get("dtype", "bfloat16")),
-        "load_format": str(config.get("load_format", "dummy")),
+        "load_format": "dummy" if load_format.startswith("dummy") else load_format,
         "trust_remote_code": bool(trust_remote_code),
         "max_model_len": model_len,
         "max_num_seqs": int(config.get("max_num_seqs", 256)),
@@ -92,8 +108,15 @@ def vllm_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool = F
         "seed": int(config.get("seed", 0)),
         # log-probs after temperature scaling, the formula the actor uses (see HFRollout)
         "logprobs_mode": str(config.get("logprobs_mode", "processed_logprobs")),
+        "worker_extension_cls": WORKER_EXTENSION_CLS,
     }
-    kwargs.update(_engine_kwargs_section(config, "vllm"))
+    if world_size > 1:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    extra = engine_kwargs_section(config, "vllm")
+    for key, why in _REFUSED_ENGINE_KWARGS.items():
+        if key in extra and extra[key] not in (False, kwargs.get(key)):
+            raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}={extra[key]!r}: {why}")
+    kwargs.update(extra)
     return kwargs
 
 
@@ -105,7 +128,9 @@ def vllm_sampling_kwargs(
     want_log_probs: bool,
     ignore_eos: bool = False,
 ) -> dict[str, Any]:
-    """Keyword arguments of one `vllm.SamplingParams(...)` (temperature 0 = greedy)."""
+    """Keyword arguments of one row's `vllm.SamplingParams(...)`: temperature 0 = greedy, top_k -1 = off (vLLM
+    reads 0 and -1 as off), `logprobs=0` for the sampled token's log-prob only, no detokenization (ids in and out).
+    `n` is 1: the trainer has already repeated each prompt `rollout.n` times (one row per sample)."""
     return {
         "n": 1,
         "temperature": sampling.temperature if sampling.do_sample else 0.0,
@@ -120,16 +145,62 @@ def vllm_sampling_kwargs(
     }
 
 
+def sampled_log_probs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) -> list[float]:
+    """The log-prob of each sampled token from a vLLM `CompletionOutput`'s `logprobs` (one `{token_id: Logprob}`
+    per generated token, the sampled token always among them)."""
+    if logprobs is None:
+        raise ValueError("vLLM returned no log-probs; SamplingParams(logprobs=0) asks for them")
+    return [float(step[token].logprob) for token, step in zip(token_ids, logprobs)]
+
+
+def load_weights_into_llm(
+    llm: Any, weights: WeightSource, max_bucket_bytes: int, dtype: torch.dtype | None, sleeps: bool
+) -> int:
+    """Load weights into a `vllm.LLM` through its public API; returns how many tensors were loaded.
+
+    weights: a stream of buckets, a stream of `(name, tensor)` pairs or a state dict, HF names (a peft name is
+    refused). Regrouped by `weight_buckets_by_size` (buckets of at most `max_bucket_bytes`, floating tensors in
+    `dtype`) and sent one `llm.collective_rpc(LOAD_WEIGHTS_METHOD, args=(bucket,))` per bucket. With `sleeps`
+    (free_cache_engine) only the weights are woken (`wake_up(tags=["weights"])`) and the engine is put back to sleep
+    (`sleep(level=1)`) after; the prefix cache is reset either way. The stream is read to its end even after an
+    error (it may be a collective over the actor's ranks); then the first error is raised.
+    """
+    if sleeps:
+        llm.wake_up(tags=["weights"])
+    error: Exception | None = None
+    loaded = 0
+    try:
+        for bucket in weight_buckets_by_size(weights, max_bucket_bytes, dtype):
+            if error is None:
+                problems = [p for p in (peft_name_problem(name) for name, _ in bucket) if p]
+                try:
+                    if problems:
+                        raise ValueError(problems[0])
+                    loaded += llm.collective_rpc(LOAD_WEIGHTS_METHOD, args=(bucket,))[0]
+                except Exception as err:  # keep reading: the other ranks are gathering the rest
+                    error = err
+            del bucket
+        llm.reset_prefix_cache()  # cached KV of the old weights
+    finally:
+        if sleeps:
+            llm.sleep(level=1)
+    if error is not None:
+        raise error
+    return loaded
+
+
 class VLLMRollout(BaseRollout):
     """Generate with a colocated vLLM engine.
 
     model_path: HF directory of the policy (the same weights the actor starts from).
     config: the `actor_rollout_ref.rollout` section (`prompt_length`, `response_length`, sampling knobs,
-        `calculate_log_probs`, `ignore_eos`, and the engine keys of `vllm_engine_kwargs`).
+        `calculate_log_probs`, `ignore_eos`, `checkpoint_engine.update_weights_bucket_megabytes` and the engine keys
+        of `vllm_engine_kwargs`).
     tokenizer: used for default eos/pad ids when meta_info has none.
     """
 
     builds_from_path = True  # the worker passes model.path and syncs the actor's weights before generating
+    takes_buckets = True  # one collective_rpc per bucket of update_weights_bucket_megabytes
 
     def __init__(self, model_path: str, config: Any, tokenizer: Any = None, trust_remote_code: bool = False):
         vllm = _import_vllm()
@@ -137,78 +208,51 @@ class VLLMRollout(BaseRollout):
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.response_length)
-        self.ignore_eos = bool(config.get("ignore_eos", False))
-        kwargs = vllm_engine_kwargs(config, model_path, trust_remote_code)
+        self.bucket_bytes = bucket_bytes(config)
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        kwargs = vllm_engine_kwargs(config, model_path, trust_remote_code, world_size=world)
         self.sleeps = kwargs["enable_sleep_mode"]
+        self.weight_dtype = engine_dtype(kwargs["dtype"])
         self.engine = vllm.LLM(**kwargs)
         if self.sleeps:
             self.engine.sleep(level=1)
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
-    def _model(self):
-        """The vLLM torch module of the in-process engine."""
-        executor = self.engine.llm_engine.model_executor
-        return executor.driver_worker.worker.model_runner.model
-
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load the actor's full state dict (waking only the weights, then back to sleep, with free_cache_engine)."""
-        if self.sleeps:
-            self.engine.wake_up(tags=["weights"])
-        device = torch.device("cuda", torch.cuda.current_device())
-        self._model().load_weights((name, t.to(device)) for name, t in state_dict.items())
-        torch.cuda.synchronize()
-        if self.sleeps:
-            self.engine.sleep(level=1)
+    def update_weights(self, weights: WeightSource) -> None:
+        """Load the actor's weights (a stream of buckets, as the worker sends them, a stream of `(name, tensor)` pairs
+        or a state dict, HF names): see `load_weights_into_llm`."""
+        load_weights_into_llm(self.engine, weights, self.bucket_bytes, self.weight_dtype, self.sleeps)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Same contract as `HFRollout.generate_sequences` (`rollout_log_probs` from vLLM's processed
-        log-probs when `rollout.calculate_log_probs`; with `rollout.ignore_eos` every response runs to
-        `response_length` and all of it is in `response_mask`)."""
-        meta = prompts.meta_info
-        sampling = resolve_sampling(self.config, meta)
-        eos_token_id, pad_token_id = resolve_token_ids(meta, self.tokenizer)
-        want_log_probs = bool(meta.get("calculate_log_probs", self.config.get("calculate_log_probs", False)))
-        seed = generation_seed(self.config, meta, self._calls)
+        """Same contract as `HFRollout.generate_sequences` (`rollout_log_probs` from vLLM's processed log-probs when
+        `rollout.calculate_log_probs`; with `rollout.ignore_eos` every response runs to `response_length` and all of
+        it is in `response_mask`)."""
+        req = prepare_requests(self.config, prompts, self.tokenizer, self._calls)
         self._calls += 1
-
-        input_ids = prompts.batch["input_ids"].cpu()
-        mask = prompts.batch["attention_mask"].cpu().bool()
-        token_prompts = [{"prompt_token_ids": ids[m].tolist()} for ids, m in zip(input_ids, mask)]
-        stop_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
         params = [
             self._vllm.SamplingParams(
                 **vllm_sampling_kwargs(
-                    sampling, self.response_length, stop_ids, seed + i, want_log_probs, self.ignore_eos
+                    req.sampling, self.response_length, req.stop_token_ids, req.seed + i, req.want_log_probs,
+                    req.ignore_eos,
                 )
             )
-            for i in range(len(token_prompts))
-        ]
+            for i in range(len(req.prompt_ids))
+        ]  # fmt: skip
         if self.sleeps:
             self.engine.wake_up()
         try:
-            outputs = self.engine.generate(token_prompts, params, use_tqdm=False)
+            outputs = self.engine.generate(
+                [{"prompt_token_ids": ids} for ids in req.prompt_ids], params, use_tqdm=False
+            )
         finally:
             if self.sleeps:
                 self.engine.sleep(level=1)
-
-        generated = [torch.tensor(out.outputs[0].token_ids, dtype=torch.long) for out in outputs]
-        responses = pad_responses(generated, self.response_length, pad_token_id)
+        samples = [out.outputs[0] for out in outputs]
+        generated = [list(sample.token_ids) for sample in samples]
         log_probs = None
-        if want_log_probs:
-            log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-            for i, out in enumerate(outputs):
-                sample = out.outputs[0]
-                values = [step[tok].logprob for tok, step in zip(sample.token_ids, sample.logprobs)]
-                n = min(len(values), self.response_length)
-                log_probs[i, :n] = torch.tensor(values[:n])
-        device = prompts.batch["input_ids"].device
-        return build_rollout_output(
-            prompts,
-            responses.to(device),
-            [] if self.ignore_eos else eos_token_id,  # ignore_eos: every generated token is in the response
-            pad_token_id,
-            None if log_probs is None else log_probs.to(device),
-        )
+        if req.want_log_probs:
+            log_probs = [sampled_log_probs(ids, sample.logprobs) for ids, sample in zip(generated, samples)]
+        return assemble_output(prompts, req, generated, log_probs, self.response_length)
