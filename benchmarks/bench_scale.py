@@ -309,6 +309,67 @@ def print_table(summaries: list[dict]) -> None:
             )
 
 
+# ------------------------------------------------------------------------------------------- update probe
+def probe_child(spec: dict) -> dict:
+    """One micro-batch of the actor's update pass (`_forward_micro_batch` with entropy, then backward) on the model
+    alone, in this process, without FSDP: the RSS it adds over the loaded model (parameter gradients included) and
+    its seconds. `chunked` false computes the LM head over the whole micro-batch at once (one chunk)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from verl.utils import fsdp_utils
+    from verl.utils.system_metrics import phase_memory, process_metrics
+    from verl.workers.actor import DataParallelPPOActor, model_forward
+
+    torch.set_num_threads(THREADS)
+    if not spec["chunked"]:
+        model_forward.HEAD_CHUNK_ELEMENTS = 2**62
+    model = fsdp_utils.load_causal_lm(spec["model"], "float32", "sdpa", gradient_checkpointing=spec["ckpt"]).train()
+    for param in model.parameters():  # touch the (lazily loaded) weights before measuring
+        param.data.add_(0)
+    rows, prompt_len, response_len = spec["rows"], 128, spec["response_length"]
+    ids = torch.randint(10, 2000, (rows, prompt_len + response_len), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    batch = {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1}
+    batch["responses"] = ids[:, prompt_len:]
+    actor = DataParallelPPOActor(OmegaConf.create({"use_remove_padding": True}), model)
+    with phase_memory("probe"):
+        start = time.perf_counter()
+        log_prob, _, _ = actor._forward_micro_batch(batch, 1.0, calculate_entropy=True, entropy_grad=False)
+        log_prob.mean().backward()
+        seconds = time.perf_counter() - start
+    metrics = process_metrics()
+    grads_mb = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None) / MB
+    added_mb = (metrics["probe_peak_rss_gb"] - metrics["probe_rss_before_gb"]) * 1024
+    return {**spec, "tokens": rows * (prompt_len + response_len), "added_mb": added_mb, "grads_mb": grads_mb,
+            "seconds": seconds}  # fmt: skip
+
+
+def run_probes(args: argparse.Namespace, setting: dict, paths: dict) -> list[dict]:
+    """`probe_child` in a fresh process for gradient checkpointing on/off x LM head chunked / whole micro-batch."""
+    results = []
+    for ckpt in (True, False):
+        for chunked in (True, False):
+            spec = {"model": paths["model"], "rows": setting["micro_batch"], "ckpt": ckpt, "chunked": chunked}
+            spec["response_length"] = setting["response_length"]
+            out_path = os.path.join(args.workdir, f"probe_{int(ckpt)}{int(chunked)}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--_probe", json.dumps(spec), "--out", out_path]
+            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": REPO_ROOT}
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"probe {spec} failed:\n{proc.stderr[-3000:]}")
+            with open(out_path, encoding="utf-8") as f:
+                results.append(json.load(f))
+            r = results[-1]
+            print(
+                f"probe: {r['rows']} samples ({r['tokens']} tokens), gradient checkpointing {'on ' if ckpt else 'off'}, "
+                f"LM head {'in chunks' if chunked else 'at once '}: +{r['added_mb']:.0f} MB over the model "
+                f"(parameter gradients {r['grads_mb']:.0f} MB of it), {r['seconds']:.1f} s",
+                flush=True,
+            )
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", default="2,1", help="worker-process counts to run, in order (default 2,1)")
@@ -330,11 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-min", type=float, default=None, help="stop a run after this many minutes")
     parser.add_argument("--workdir", default=None, help="model cache, data and runs (default: a temp dir)")
     parser.add_argument("--out", default=None, help="JSON file for the figures (default <workdir>/bench_scale.json)")
+    parser.add_argument("--probe", action="store_true", help="only the update-pass memory probes (--micro-batch)")
     parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         with open(args._child, encoding="utf-8") as f:
             run_child(json.load(f))
+        return 0
+    if args._probe:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(probe_child(json.loads(args._probe)), f)
         return 0
 
     setting = dict(QUICK if args.quick else FULL)
@@ -349,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench_scale_")
     os.makedirs(args.workdir, exist_ok=True)
     paths = prepare(args.workdir, setting["size"], max(64, setting["prompts"] * args.steps))
+    out = args.out or os.path.join(args.workdir, "bench_scale.json")
+    if args.probe:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"setting": setting, "probes": run_probes(args, setting, paths)}, f, indent=2)
+        return 0
 
     summaries = []
     for count in workers:
@@ -358,7 +430,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{count} worker(s): {summary['steps']} step(s), median {_fmt(summary['step_s'])} s/step "
               f"({result['run_s']:.0f} s with start-up)", flush=True)  # fmt: skip
     print_table(summaries)
-    out = args.out or os.path.join(args.workdir, "bench_scale.json")
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"setting": setting, "summaries": summaries}, f, indent=2)
     print(f"\nfigures written to {out}")

@@ -72,8 +72,9 @@ class TreeMemory:
             kind = process_kind(proc.pid == self.pid, cmd)
             by_kind[kind] = by_kind.get(kind, 0.0) + full.rss / 2**20
             seen_kind, name, peak = self.peak_by_process.get(proc.pid, (kind, "", 0.0))
-            # a command line empties as the process exits; a Ray worker starts as ray::IDLE and becomes an actor
-            if cmd and (not name or name == "ray::IDLE"):
+            # a command line empties as the process exits; a Ray worker starts as `python default_worker.py`,
+            # then ray::IDLE, and becomes an actor (kind "workers" from then on)
+            if cmd and (not name or name == "ray::IDLE" or kind == "workers"):
                 name, seen_kind = ("driver" if kind == "driver" else process_name(cmd)), kind
             self.peak_by_process[proc.pid] = (seen_kind, name, max(peak, full.rss / 2**20))
             pss_total += getattr(full, "pss", full.rss) / 2**20
