@@ -319,7 +319,8 @@ def probe_child(spec: dict) -> dict:
 
     from verl.utils import fsdp_utils
     from verl.utils.system_metrics import phase_memory, process_metrics
-    from verl.workers.actor import DataParallelPPOActor, model_forward
+    from verl.workers.actor import DataParallelPPOActor
+    from verl.workers.engine import model_forward
 
     torch.set_num_threads(THREADS)
     if not spec["chunked"]:

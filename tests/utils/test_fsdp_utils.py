@@ -344,24 +344,24 @@ def test_offload_settings_on_cpu_do_nothing_and_say_so_once(monkeypatch, capsys)
 
 
 def test_worker_wrapping_passes_the_policy_to_every_fully_shard(monkeypatch, process_group):
-    """`_wrap_fsdp2` (fsdp_workers) on a CUDA worker: fully_shard gets CPUOffloadPolicy, the verl knobs arrive."""
+    """`wrap_fsdp2` (the FSDP engine) on a CUDA worker: fully_shard gets CPUOffloadPolicy, the verl knobs arrive."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     from verl.utils import fsdp_utils
-    from verl.workers.fsdp_workers import _wrap_fsdp2
+    from verl.workers.engine.fsdp.transformer_impl import wrap_fsdp2
 
     calls = []
     monkeypatch.setattr(fsdp_utils, "fully_shard", lambda module, **kwargs: calls.append((module, kwargs)))
     model = tiny_qwen2()
     cfg = {"param_offload": True, "reshard_after_forward": False, "wrap_policy": {"min_num_params": 0}, "dtype": "bf16"}
-    _, offload_optimizer = _wrap_fsdp2(model, cfg, "cuda", "actor_rollout_ref.actor.fsdp_config")
+    _, offload_optimizer = wrap_fsdp2(model, cfg, "cuda", "actor_rollout_ref.actor.fsdp_config")
     assert offload_optimizer is False
     assert [m for m, _ in calls] == [*model.model.layers, model]
     for _, kwargs in calls:
         assert isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
         assert kwargs["reshard_after_forward"] is False and kwargs["mp_policy"].param_dtype == torch.bfloat16
     calls.clear()
-    _, offload_optimizer = _wrap_fsdp2(tiny_qwen2(), {"optimizer_offload": True}, "cuda", "critic.fsdp")
+    _, offload_optimizer = wrap_fsdp2(tiny_qwen2(), {"optimizer_offload": True}, "cuda", "critic.fsdp")
     assert offload_optimizer is True and all("offload_policy" not in kwargs for _, kwargs in calls)
 
 

@@ -21,7 +21,8 @@ from tests.workers.test_fsdp_workers import make_prompts, restored_dist_env, tra
 from verl.trainer.config import CONFIG_YAML, prepare_config, resolve_cpu_dtypes
 from verl.utils import fsdp_utils
 from verl.utils.mixed_precision import MixedPrecision, resolve_mixed_precision
-from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, _wrap_fsdp2, compute_dtype
+from verl.workers.engine.fsdp.transformer_impl import wrap_fsdp2
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, compute_dtype
 
 BF16 = {"param_dtype": "bf16"}
 ACTOR = "actor_rollout_ref.actor.fsdp_config"
@@ -90,7 +91,7 @@ def _dist_env():
 
 def _grads_after_backward(model_dir: str, fsdp_cfg: dict) -> list[torch.Tensor]:
     model = fsdp_utils.load_causal_lm(model_dir, dtype=fsdp_cfg.get("model_dtype", "float32"))
-    model, _ = _wrap_fsdp2(model, fsdp_cfg, "cpu", ACTOR)
+    model, _ = wrap_fsdp2(model, fsdp_cfg, "cpu", ACTOR)
     ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
     model(input_ids=ids).logits.float().square().mean().backward()
     return [p.grad.to_local() for p in model.parameters() if p.grad is not None]
@@ -111,7 +112,7 @@ def test_reduce_dtype_and_buffer_dtype_are_applied(tiny_model_dir):
     for buffer_dtype, expected in ((None, torch.float32), ("bf16", torch.bfloat16)):
         mp = {**BF16, "buffer_dtype": buffer_dtype}
         model = fsdp_utils.load_causal_lm(tiny_model_dir, dtype="bfloat16")
-        model, _ = _wrap_fsdp2(model, {"mixed_precision": mp, "model_dtype": "bf16"}, "cpu", ACTOR)
+        model, _ = wrap_fsdp2(model, {"mixed_precision": mp, "model_dtype": "bf16"}, "cpu", ACTOR)
         assert {b.dtype for b in model.buffers() if b.is_floating_point()} == {expected}
 
 

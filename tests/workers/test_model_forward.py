@@ -1,4 +1,4 @@
-"""The three forward layouts of verl/workers/actor/model_forward.py (padded, packed = use_remove_padding, shared
+"""The three forward layouts of verl/workers/engine/model_forward.py (padded, packed = use_remove_padding, shared
 prompt = share_prompt_prefix) against a plain full forward, and the actor/critic passes built on them: equal
 log-probs, values and gradients, dynamic batch size (token budget) equal to fixed micro-batches, row order kept."""
 
@@ -10,8 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassificat
 from verl.protocol import DataProto
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.actor.dp_actor import micro_batch_plan
-from verl.workers.actor.model_forward import response_outputs, scatter_to_responses
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.engine.model_forward import response_outputs, scatter_to_responses
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 4, 64
 # rows 0, 2, 5 share prompt A; rows 3, 4 share prompt B; 1, 6, 7 have their own
@@ -232,7 +232,7 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        from verl.workers.actor import model_forward
+        from verl.workers.engine import model_forward
 
         layout = dict(layout)
         model_forward.HEAD_CHUNK_ELEMENTS = layout.pop("head_chunk_elements", model_forward.HEAD_CHUNK_ELEMENTS)
@@ -300,7 +300,7 @@ def full_logits_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
 
 
 def test_head_token_stats_equal_the_full_logits_one_chunk_alive_at_a_time():
-    from verl.workers.actor.model_forward import HeadSpec, head_token_stats
+    from verl.workers.engine.model_forward import HeadSpec, head_token_stats
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, VOCAB, bias=False)
@@ -332,7 +332,7 @@ def test_head_token_stats_equal_the_full_logits_one_chunk_alive_at_a_time():
 def test_actor_forward_in_vocab_chunks_equals_the_full_logits(layout, lora, monkeypatch):
     """Log-probs, entropy (with gradient), sum pi^2 and gradients of the actor's chunked LM head (3 rows per chunk)
     against the unchunked log_softmax of one full padded forward, in every layout, also through peft LoRA."""
-    from verl.workers.actor import model_forward
+    from verl.workers.engine import model_forward
     from verl.workers.lora import apply_lora
 
     monkeypatch.setattr(model_forward, "HEAD_CHUNK_ELEMENTS", 3 * VOCAB)

@@ -489,6 +489,19 @@ def load_causal_lm(
     return _finish(model, gradient_checkpointing)
 
 
+def materialize_parameters(module: nn.Module) -> nn.Module:
+    """Give every parameter and buffer of `module` memory of its own, one tensor at a time (tied weights stay tied).
+
+    `from_pretrained` may leave weights as views of the memory-mapped safetensors file: clean file pages the kernel
+    drops under memory pressure and reads back on the next touch, and copies on first write. A model whose weights
+    are written in place (the `hf` rollout copy, refreshed after every update) would then grow by its whole size at
+    its first weight sync, in the middle of a step; materialised, it costs that memory once, at start-up."""
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            tensor.data = tensor.data.clone()
+    return module
+
+
 def load_token_classification_model(
     path: str,
     dtype: str | torch.dtype = "float32",

@@ -52,7 +52,6 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils
-from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
 from verl.utils.mixed_precision import resolve_mixed_precision
@@ -60,6 +59,8 @@ from verl.utils.system_metrics import phase_memory
 from verl.workers import weight_sync
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.engine.fsdp import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+from verl.workers.engine.fsdp.transformer_impl import attn_implementation, model_dtype
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
@@ -109,14 +110,6 @@ def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: 
     section.ppo_micro_batch_size_per_gpu = micro
 
 
-def _attn_implementation(model_cfg: Any, device_name: str) -> str:
-    attn = model_cfg.get("attn_implementation", "sdpa") or "sdpa"
-    if attn == "flash_attention_2" and device_name != "cuda":
-        print("warning: attn_implementation=flash_attention_2 needs a GPU; using sdpa on CPU")
-        return "sdpa"
-    return attn
-
-
 def _check_supported(model_cfg: Any) -> None:
     lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
     if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
@@ -128,33 +121,6 @@ def _check_supported(model_cfg: Any) -> None:
         raise ValueError(
             f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
         )
-
-
-def _wrap_fsdp2(module: nn.Module, fsdp_cfg: Any, device_name: str = "cpu", where: str = "fsdp_config"):
-    """FSDP2-shard `module` by its `fsdp_config` (verl's keys: reshard_after_forward, fsdp_size, forward_prefetch,
-    wrap_policy, param_offload/offload_policy; `mixed_precision` over `dtype` for the compute, gradient-reduction
-    and buffer dtypes, see `fsdp_utils.fsdp_mixed_precision`). Returns `(module, offload_optimizer)`: whether the
-    caller moves the optimizer state to CPU between updates (`optimizer_offload` on CUDA; see
-    `fsdp_utils.offload_settings`, which prints the CPU notice)."""
-    fsdp_cfg = fsdp_cfg or {}
-    precision = fsdp_utils.fsdp_mixed_precision(fsdp_cfg, where)
-    offload_policy, offload_optimizer = fsdp_utils.offload_settings(fsdp_cfg, device_name, where)
-    module = fsdp_utils.apply_fsdp2(
-        module,
-        **precision,
-        reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
-        offload_policy=offload_policy,
-        forward_prefetch=bool(fsdp_cfg.get("forward_prefetch", False)),
-        fsdp_size=int(fsdp_cfg.get("fsdp_size", -1)),
-        wrap_policy=fsdp_cfg.get("wrap_policy"),
-    )
-    return module, offload_optimizer
-
-
-def _model_dtype(fsdp_cfg: Any) -> str:
-    """verl's `fsdp_config.model_dtype` (fp32 | bf16 | fp16 or the long names): the dtype the FSDP module's
-    parameters are loaded and kept in (the master weights of the actor)."""
-    return str((fsdp_cfg or {}).get("model_dtype", "fp32") or "fp32")
 
 
 def _critic_fsdp_config(config: Any) -> dict:
@@ -286,13 +252,12 @@ class ActorRolloutRefWorker(Worker):
         self.rollout_version: int | None = None  # policy version of a standalone rollout's weights (async mode)
 
     # ------------------------------------------------------------------ building
-    def _load_policy(self, dtype: str, gradient_checkpointing: bool = False) -> nn.Module:
+    def _load_policy(self, dtype: str) -> nn.Module:
         model_cfg = self.config.model
         return fsdp_utils.load_causal_lm(
             model_cfg.path,
             dtype=dtype,
-            attn_implementation=_attn_implementation(model_cfg, self.device_name),
-            gradient_checkpointing=gradient_checkpointing,
+            attn_implementation=attn_implementation(model_cfg, self.device_name),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         )
 
@@ -304,26 +269,26 @@ class ActorRolloutRefWorker(Worker):
         return section
 
     def _build_actor(self) -> None:
-        model_cfg = self.config.model
+        """The actor's training engine (`FSDPEngineWithLMHead`: master weights and optimizer state in
+        `fsdp_config.model_dtype`, compute in `mixed_precision.param_dtype`/`dtype`, LoRA, AdamW + schedule) and the
+        PPO actor that runs its updates on it."""
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
-        fsdp_cfg = actor_cfg.get("fsdp_config")
-        # master weights and optimizer state in fsdp_config.model_dtype (verl: fp32); `_wrap_fsdp2` sets the compute
-        # dtype (mixed_precision.param_dtype, else dtype)
-        gradient_checkpointing = bool(model_cfg.get("enable_gradient_checkpointing", False))
-        module = self._load_policy(_model_dtype(fsdp_cfg), gradient_checkpointing)
-        if self.use_lora:  # only the adapters train; the optimizer holds no state for the base weights
-            module = apply_lora(module, model_cfg)
-        self.actor_module, self.offload_actor_optimizer = _wrap_fsdp2(
-            module, fsdp_cfg, self.device_name, "actor_rollout_ref.actor.fsdp_config"
+        optim_cfg = {**_private_config(actor_cfg.optim), "clip_grad": float(actor_cfg.get("grad_clip", 1.0))}
+        self.actor_engine = FSDPEngineWithLMHead(
+            self.config.model,
+            actor_cfg.get("fsdp_config"),
+            optim_cfg,
+            actor_cfg.get("checkpoint"),
+            device=self.device_name,
+            tokenizer=self.tokenizer,
+            where="actor_rollout_ref.actor.fsdp_config",
         )
-        optim_cfg = actor_cfg.optim
-        self.actor_optimizer = fsdp_utils.build_optimizer(self.actor_module, optim_cfg)
-        total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
-        self.actor_lr_scheduler = fsdp_utils.build_lr_scheduler(self.actor_optimizer, optim_cfg, total_steps)
-        self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer)
-        self.checkpoint_manager = FSDPCheckpointManager(
-            self.actor_module, self.actor_optimizer, self.actor_lr_scheduler, self.tokenizer
-        )
+        self.actor_engine.initialize()
+        self.actor_module = self.actor_engine.module
+        self.actor_optimizer = self.actor_engine.optimizer
+        self.actor_lr_scheduler = self.actor_engine.lr_scheduler
+        self.offload_actor_optimizer = self.actor_engine.is_optimizer_offload_enabled
+        self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer, engine=self.actor_engine)
 
     def _build_rollout(self) -> BaseRollout:
         rollout_cfg = self.config.rollout
@@ -336,21 +301,28 @@ class ActorRolloutRefWorker(Worker):
         module = self._load_policy(dtype)
         if self.use_lora:  # the same adapters; `_sync_rollout_weights` sends only them
             module = apply_lora(module, self.config.model)
-        return rollout_cls(_freeze(module).to(self.device_name), rollout_cfg, self.tokenizer)
+        module = fsdp_utils.materialize_parameters(_freeze(module)).to(self.device_name)  # rewritten by every sync
+        return rollout_cls(module, rollout_cfg, self.tokenizer)
 
     def _build_ref(self) -> None:
         if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
             self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
             return
-        fsdp_cfg = self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
+        fsdp_cfg = _private_config(
+            self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
+        )
         dtype = compute_dtype(fsdp_cfg)
         # frozen: loading in the low-precision one of (model_dtype, compute dtype) gives the same forward
-        load_dtype = dtype if dtype in _LOW_PRECISION else _model_dtype(fsdp_cfg)
-        module, _ = _wrap_fsdp2(
-            self._load_policy(load_dtype), fsdp_cfg, self.device_name, "actor_rollout_ref.ref.fsdp_config"
+        fsdp_cfg.model_dtype = dtype if dtype in _LOW_PRECISION else model_dtype(fsdp_cfg)
+        model_cfg = {**_private_config(self.config.model), "lora_rank": 0}  # the reference has no adapters
+        engine = FSDPEngineWithLMHead(
+            model_cfg, fsdp_cfg, device=self.device_name, where="actor_rollout_ref.ref.fsdp_config", forward_only=True
         )
-        self.ref_module = _freeze(module)
-        self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.ref_module)
+        engine.initialize()
+        self.ref_module = _freeze(engine.module)
+        self.ref_policy = DataParallelPPOActor(
+            self._forward_config(self.config.get("ref")), self.ref_module, engine=engine
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -460,8 +432,7 @@ class ActorRolloutRefWorker(Worker):
         """
         self._require(self.actor, "update_actor", "actor, actor_rollout or actor_rollout_ref")
         start = time.perf_counter()
-        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
-            metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))
+        metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))  # engine: train mode
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
         passes = int(self.config.actor.get("ppo_epochs", 1))
         metrics["perf/mfu/actor"] = compute_mfu(
@@ -478,15 +449,13 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
         """Save the actor's sharded weights, optimizer, LR schedule and RNG (all ranks); HF copy with save_hf."""
         self._require(self.actor, "save_checkpoint", "actor, actor_rollout or actor_rollout_ref")
-        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
-            self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        self.actor_engine.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size), then push the weights to the rollout."""
         self._require(self.actor, "load_checkpoint", "actor, actor_rollout or actor_rollout_ref")
-        with fsdp_utils.optimizer_state_on(self.actor_optimizer, self.device_name, self.offload_actor_optimizer):
-            self.checkpoint_manager.load_checkpoint(local_path)
+        self.actor_engine.load_checkpoint(local_path)
         if self.rollout is not None:
             self._sync_rollout_weights()
 
@@ -538,24 +507,22 @@ class CriticWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
         )
-        fsdp_cfg = _critic_fsdp_config(self.config)
-        module = fsdp_utils.load_token_classification_model(
-            model_cfg.path,
-            dtype=_model_dtype(fsdp_cfg),
-            attn_implementation=_attn_implementation(model_cfg, self.device_name),
-            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
-            trust_remote_code=trust,
+        optim_cfg = {**_private_config(self.config.optim), "clip_grad": float(self.config.get("grad_clip", 1.0))}
+        self.critic_engine = FSDPEngineWithValueHead(
+            model_cfg,
+            _critic_fsdp_config(self.config),
+            optim_cfg,
+            self.config.get("checkpoint"),
+            device=self.device_name,
+            tokenizer=self.tokenizer,
+            where="critic.fsdp",
         )
-        self.critic_module, self.offload_critic_optimizer = _wrap_fsdp2(
-            module, fsdp_cfg, self.device_name, "critic.fsdp"
-        )
-        optim_cfg = self.config.optim
-        self.critic_optimizer = fsdp_utils.build_optimizer(self.critic_module, optim_cfg)
-        total_steps = int(optim_cfg.get("total_training_steps", -1) or -1)
-        self.critic_lr_scheduler = fsdp_utils.build_lr_scheduler(self.critic_optimizer, optim_cfg, total_steps)
-        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer)
-        self.checkpoint_manager = FSDPCheckpointManager(
-            self.critic_module, self.critic_optimizer, self.critic_lr_scheduler, self.tokenizer
+        self.critic_engine.initialize()
+        self.critic_module = self.critic_engine.module
+        self.critic_optimizer = self.critic_engine.optimizer
+        self.critic_lr_scheduler = self.critic_engine.lr_scheduler
+        self.critic = DataParallelPPOCritic(
+            self.config, self.critic_module, self.critic_optimizer, engine=self.critic_engine
         )
 
     def _check_ready(self, method: str) -> None:
@@ -578,8 +545,7 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-function update; meta_info["metrics"] holds the critic metrics plus `critic/lr`."""
         self._check_ready("update_critic")
-        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
-            metrics = self.critic.update_critic(data)
+        metrics = self.critic.update_critic(data)  # the engine's train mode brings an offloaded optimizer state
         metrics["critic/lr"] = float(self.critic_lr_scheduler.get_last_lr()[0])
         self.critic_lr_scheduler.step()
         return _metrics_output(metrics)
@@ -588,15 +554,13 @@ class CriticWorker(Worker):
     def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
         """Save the critic's sharded weights, optimizer, LR schedule and RNG (all ranks)."""
         self._check_ready("save_checkpoint")
-        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
-            self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        self.critic_engine.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore what `save_checkpoint` wrote (same world size)."""
         self._check_ready("load_checkpoint")
-        with fsdp_utils.optimizer_state_on(self.critic_optimizer, self.device_name, self.offload_critic_optimizer):
-            self.checkpoint_manager.load_checkpoint(local_path)
+        self.critic_engine.load_checkpoint(local_path)
 
 
 from verl.workers.reward_model_worker import RewardModelWorker  # noqa: E402  (verl's import path; the worker lives there)

@@ -2,7 +2,7 @@
 
 The trainer repeats each prompt `rollout.n` times next to each other and computes GRPO advantages per `uid`
 group on the driver (core_algos.compute_advantage); the actor then shuffles the assembled batch before cutting it
-into mini- and micro-batches (dp_actor.update_policy). Checked here on a tiny random Qwen2: every row keeps the
+into mini- and micro-batches (dp_actor.update_policy, micro-batches cut by its training engine). Checked here on a tiny random Qwen2: every row keeps the
 advantage of its own group, each micro-batch mixes groups, and the order is new every step but the same when a
 step is replayed (a resumed run).
 """
@@ -14,11 +14,12 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import verl.workers.actor.dp_actor as dp_actor
+import verl.workers.engine.fsdp.transformer_impl as engine_impl
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 
 GROUPS, N, PROMPT_LEN, RESPONSE_LEN, VOCAB = 4, 4, 4, 3, 48
-REAL_SPLIT = dp_actor.split_micro_batches
+REAL_PLAN = engine_impl.micro_batch_plan
 SCORES = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 0.5, 1.0, 0.5], [2.0, 0.0, 1.0, 1.0]]
 
 
@@ -79,12 +80,12 @@ def run_update(batch: DataProto, shuffle: bool, global_steps: int, monkeypatch) 
     """One update_policy (one mini-batch of the whole batch, micro-batches of N rows); returns the micro-batches."""
     seen: list[DataProto] = []
 
-    def recording_split(data, *args, **kwargs):
-        micro_batches = REAL_SPLIT(data, *args, **kwargs)
+    def recording_plan(data, *args, **kwargs):
+        micro_batches, order = REAL_PLAN(data, *args, **kwargs)
         seen.extend(micro_batches)
-        return micro_batches
+        return micro_batches, order
 
-    monkeypatch.setattr(dp_actor, "split_micro_batches", recording_split)
+    monkeypatch.setattr(engine_impl, "micro_batch_plan", recording_plan)
     config = OmegaConf.create(
         {
             "ppo_mini_batch_size": GROUPS * N,

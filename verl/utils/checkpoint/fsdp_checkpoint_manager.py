@@ -194,6 +194,13 @@ class FSDPCheckpointManager:
             self._save_hf_config(os.path.join(local_path, "huggingface"))
         _barrier()
 
+    def save_hf_model(self, hf_path: str) -> None:
+        """Only the HF model folder (config, weights, tokenizer) at `hf_path`, written by rank 0 after one gather of
+        the weights (a collective: every rank calls it); replaces a folder already there only once complete."""
+        rank, _ = _rank_and_world()
+        self._save_hf(hf_path, rank)
+        _barrier()
+
     def _save_hf_config(self, hf_path: str) -> None:
         """Config (with the model class in `architectures`), generation config and tokenizer; no weights."""
         config = copy.deepcopy(self.model.config)

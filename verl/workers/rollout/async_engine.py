@@ -14,6 +14,13 @@ Owns `GenerationHyperparameters` (one request's sampling knobs), `ModelRequest` 
 - the engine generates up to its `rollout.response_length` tokens; a request's smaller `max_new_tokens` and
   its `stop` strings cut its own output afterwards (a prefix of a sample is a sample of the shorter budget).
 
+For a hand-written loop (AReaL-lite's `InferenceEngine` API; `InferenceEngine` is this class):
+`rollout_batch(rows, workflow)` runs `workflow.arun_episode(engine, row)` on every dict row concurrently and stacks
+the returned TensorDicts, right-padded (`verl.utils.packing.concat_padded_tensors`); `set_version` / `get_version`
+set the policy version stamped on generated tokens; `update_weights(meta)` takes new weights
+(`verl.workers.engine.io_struct.WeightUpdateMeta`) and returns a future. `build_inference_engine` (in
+`inference_engine.py`) makes one from a model folder.
+
 Seeds: with `meta_info["seed"]` (what the trainer passes) the first generate call uses exactly that seed and
 later ones a seed derived from it and the call index; without one the engine's own counter is used.
 Versions: every output token carries the policy version of the weights that made it: `meta_info
@@ -28,25 +35,32 @@ Layer 5: imports torch, verl.protocol, verl.utils and the rollout base; must not
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import os
 import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from tensordict import TensorDict
 
 from verl.protocol import DataProto
+from verl.utils.packing import concat_padded_tensors
 from verl.utils.torch_functional import compute_position_id_with_mask
 from verl.workers.rollout.sampling import resolve_sampling, resolve_token_ids
 
 __all__ = [
     "AsyncRolloutEngine",
     "GenerationHyperparameters",
+    "InferenceEngine",
     "ModelRequest",
     "ModelResponse",
     "agenerate_samples",
     "get_async_engine",
     "policy_version",
+    "run_sync",
 ]
 
 # Seed stride between the generate calls of one AsyncRolloutEngine (a large prime keeps them apart from the
@@ -246,6 +260,62 @@ class AsyncRolloutEngine:
             if not fut.done():
                 fut.set_result(resp)
 
+    # ------------------------------------------------------------------ a hand-written loop's API
+    def set_version(self, version: int) -> None:
+        """Tokens generated from now on carry `version` (`ModelResponse.output_versions`)."""
+        self.meta_info.pop("policy_version", None)
+        self.rollout.weight_version = int(version)
+
+    def get_version(self) -> int:
+        return self.version
+
+    def update_weights(self, meta: Any) -> concurrent.futures.Future:
+        """Take new weights as `meta` (a `WeightUpdateMeta`) says. `colocated`: the training engine streams them in
+        (`upload_weights`), so there is nothing left to do here: the future is done. `disk`: the HF folder at
+        `meta.path` is loaded when the future's `result()` is asked for (after the training engine wrote it), so
+        both of AReaL-lite's orders work: `f = rollout.update_weights(m); actor.upload_weights(m); f.result()`."""
+        if meta.type == "colocated":
+            if meta.engine is not self:
+                raise ValueError("update_weights: a colocated WeightUpdateMeta names another inference engine")
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_result(None)
+            return future
+        return _DeferredLoad(self.rollout, meta.path)
+
+    def rollout_batch(
+        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[TensorDict], bool] | None = None
+    ) -> TensorDict:
+        """One `workflow.arun_episode(self, row)` per dict row, all at once (their requests share generate calls),
+        stacked into one TensorDict right-padded to the longest row (`input_ids` with the pad id, the rest with 0).
+        An episode returning None, or one `should_accept` refuses, is left out; nothing left raises."""
+        return run_sync(self.arollout_batch(data, workflow, should_accept))
+
+    async def arollout_batch(
+        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[TensorDict], bool] | None = None
+    ) -> TensorDict:
+        if not isinstance(data, list | tuple) or not all(isinstance(row, dict) for row in data):
+            raise TypeError(
+                f"rollout_batch takes a list of dict rows (a DataLoader with collate_fn=lambda rows: rows), got "
+                f"{type(data).__name__}"
+            )
+        results = await asyncio.gather(*(workflow.arun_episode(self, row) for row in data))
+        kept = []
+        for i, result in enumerate(results):
+            if result is None:
+                continue
+            if isinstance(result, dict):
+                result = TensorDict(result, batch_size=[next(iter(result.values())).shape[0]])
+            if not isinstance(result, TensorDict):
+                raise TypeError(
+                    f"{type(workflow).__name__}.arun_episode on row {i} returned {type(result).__name__}; a dict row "
+                    "needs a TensorDict (or dict of tensors) with batch size [1], or None"
+                )
+            if should_accept is None or should_accept(result):
+                kept.append(result)
+        if not kept:
+            raise RuntimeError(f"rollout_batch: all {len(data)} episodes were rejected (None or should_accept)")
+        return concat_padded_tensors(kept, pad_values={"input_ids": self.pad_token_id})
+
     # ------------------------------------------------------------------ one generate call
     def _generate(self, requests: list[ModelRequest]) -> list[ModelResponse]:
         prompts = self._prompt_batch(requests)
@@ -303,6 +373,61 @@ class AsyncRolloutEngine:
         if keep > g.max_new_tokens:
             keep, ended_by_eos = g.max_new_tokens, tokens[g.max_new_tokens - 1] in self.eos_token_ids
         return tokens[:keep], log_probs[:keep], "stop" if ended_by_eos else "length"
+
+
+InferenceEngine = AsyncRolloutEngine  # AReaL-lite's name for the engine a workflow's arun_episode receives
+
+
+class _DeferredLoad(concurrent.futures.Future):
+    """A future whose `result()` loads the HF weights at `path` into `rollout` (once)."""
+
+    def __init__(self, rollout: Any, path: str):
+        super().__init__()
+        self._rollout, self._path = rollout, path
+
+    def result(self, timeout: float | None = None) -> None:
+        if not self.done():
+            try:
+                from safetensors.torch import load_file
+
+                files = sorted(f for f in os.listdir(self._path) if f.endswith(".safetensors"))
+                if not files:
+                    raise FileNotFoundError(f"update_weights: no .safetensors files in {self._path!r}")
+                state = {}
+                for name in files:
+                    state.update(load_file(os.path.join(self._path, name)))
+                self._rollout.update_weights(_with_tied_weights(self._rollout, state))
+                self.set_result(None)
+            except Exception as err:
+                self.set_exception(err)
+        return super().result(timeout)
+
+
+def _with_tied_weights(rollout: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` plus the tied copies the engine's module names but the file leaves out (an HF folder saves a tied
+    output embedding once)."""
+    module = getattr(rollout, "module", None)
+    if module is None:
+        return state
+    by_id: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), []).append(name)
+    for names in by_id.values():
+        present = [n for n in names if n in state]
+        for name in names:
+            if name not in state and present:
+                state[name] = state[present[0]]
+    return state
+
+
+def run_sync(coro: Coroutine) -> Any:
+    """Run a coroutine to completion from synchronous code (in a helper thread when a loop already runs here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def first_stop_position(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:

@@ -3,7 +3,10 @@
 Owns the workflow contract and everything around one call on a rank's chunk of the batch:
 - `RolloutWorkflow.arun_episode(engine, data) -> DataProto | None`: `data` is one row of the generation
   batch (left-padded `input_ids`, `attention_mask`, `position_ids`, the row's non-tensor fields and the
-  call's meta_info); the result is one training row or None, which rejects the sample;
+  call's meta_info); the result is one training row or None, which rejects the sample. The row is an
+  `EpisodeRow`, which also reads like a plain dict row, and an AReaL-lite-style result (a TensorDict with
+  `input_ids`, `loss_mask`, `rewards`, ...) is turned into the training row (`episode_rows.py`): workflows written
+  for a hand-written loop (`AsyncRolloutEngine.rollout_batch` on dict rows) run in the trainer unchanged;
 - `rollout_batch(rollout, data, workflow)`: every row's episode runs concurrently on an
   `AsyncRolloutEngine` over the rank's engine (at most `max_concurrent` at once), so their requests are
   batched into few generate calls; the result has one row per input row, in order, with a bool tensor
@@ -24,22 +27,22 @@ Layer 5: imports torch, numpy, verl.protocol, verl.utils and the rollout engines
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from verl.protocol import DataProto
-from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelResponse, batching_options
+from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelResponse, batching_options, run_sync
 from verl.workers.rollout.base import build_rollout_output, pad_responses
+from verl.workers.rollout.workflows.episode_rows import EpisodeRow, training_row
 
 __all__ = [
     "ROLLOUT_FIELDS",
@@ -181,10 +184,10 @@ def trajectory_row(
     return DataProto.from_dict(tensors=tensors, non_tensors=dict(data.non_tensor_batch))
 
 
-def _placeholder_row(engine: AsyncRolloutEngine, data: DataProto, workflow: RolloutWorkflow) -> DataProto:
+def _placeholder_row(engine: AsyncRolloutEngine, data: DataProto, extra_output_keys: dict[str, str]) -> DataProto:
     """The row standing in for a rejected sample: empty response, zeros/None for the extra keys."""
     row = trajectory_row(engine, data, [], [], None)
-    for key, kind in workflow.extra_output_keys.items():
+    for key, kind in extra_output_keys.items():
         if kind == "response":
             row.batch[key] = torch.zeros((1, engine.response_length), dtype=torch.float32)
         elif kind == "scalar":
@@ -239,37 +242,52 @@ async def arollout_batch(
         raise ValueError(f"rollout.max_concurrent_episodes must be a positive int or null, got {max_concurrent}")
     semaphore = asyncio.Semaphore(int(max_concurrent)) if max_concurrent else None
 
-    async def episode(i: int) -> DataProto | None:
-        row = data[i : i + 1]
+    async def episode(i: int) -> Any:
+        row = EpisodeRow.of(data[i : i + 1])
         if semaphore is None:
             return await workflow.arun_episode(engine, row)
         async with semaphore:
             return await workflow.arun_episode(engine, row)
 
     results = await asyncio.gather(*(episode(i) for i in range(len(data))))
-    rows = []
+    rows: list[DataProto | None] = []
+    extra_keys = dict(workflow.extra_output_keys)
     for i, result in enumerate(results):
         row_in = data[i : i + 1]
         if result is None:
-            row = _placeholder_row(engine, row_in, workflow)
-        else:
+            rows.append(None)
+        elif isinstance(result, DataProto):
             _check_row(result, row_in, workflow, engine, i)
-            row = result
-        row.batch[ACCEPTED_KEY] = torch.tensor([result is not None])
-        rows.append(row)
+            rows.append(result)
+        elif isinstance(result, TensorDict | dict):  # an AReaL-lite-style episode
+            row = training_row(engine, row_in, result, i)
+            if "token_level_scores" in row.batch.keys():
+                extra_keys["token_level_scores"] = "response"
+            rows.append(row)
+        else:
+            raise TypeError(
+                f"{type(workflow).__name__}.arun_episode row {i} returned {type(result).__name__}; expected a "
+                "one-row DataProto, a TensorDict (AReaL-lite style) or None"
+            )
+    _check_same_fields(rows, workflow)
+    for i, row in enumerate(rows):
+        if row is None:
+            row = rows[i] = _placeholder_row(engine, data[i : i + 1], extra_keys)
+        row.batch[ACCEPTED_KEY] = torch.tensor([results[i] is not None])
     out = DataProto.concat(rows)
     out.meta_info = {}  # as the engine's generate_sequences (the engine counts its calls: num_generate_calls)
     return out
 
 
-def run_sync(coro: Coroutine) -> Any:
-    """Run a coroutine to completion from synchronous code (in a helper thread when a loop already runs here)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+def _check_same_fields(rows: list[DataProto | None], workflow: RolloutWorkflow) -> None:
+    """Every accepted row of one call has the same tensor fields (e.g. all or none carry rewards)."""
+    accepted = [(i, set(row.batch.keys())) for i, row in enumerate(rows) if row is not None]
+    for i, fields in accepted[1:]:
+        if fields != accepted[0][1]:
+            raise KeyError(
+                f"{type(workflow).__name__}.arun_episode: row {i} has fields {sorted(fields)}, row {accepted[0][0]} "
+                f"has {sorted(accepted[0][1])}; every episode must return the same fields"
+            )
 
 
 def run_episodes_sync(

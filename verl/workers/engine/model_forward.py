@@ -29,7 +29,7 @@ the chunk's statistics and backward recomputes its logits. One chunk of logits i
 backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered as for `.logits`.
 
 Also `prompt_group_order`, which reorders rows so that identical prompts sit together in micro-batches.
-Layer 5: torch and the model only, no Ray.
+Layer 5 (the engine's forward): torch and the model only, no Ray.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ __all__ = [
     "HEAD_CHUNK_ELEMENTS",
     "HeadSpec",
     "head_token_stats",
+    "packed_logits",
     "prompt_group_order",
     "prompt_groups",
     "response_outputs",
@@ -294,6 +295,31 @@ def _packed(
             max_length_k=max_len,
         )[0]
     return (out if is_lm else out[keep]), where
+
+
+def packed_logits(
+    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
+    """The model's output (`.logits`) at every token of packed sequences: (nnz, D).
+
+    input_ids, position_ids: (nnz,) the sequences one after the other (no padding), each sequence's positions
+    from 0; cu_seqlens: (n + 1,) int, the sequence boundaries (0, len_0, len_0 + len_1, ...). Attention stays
+    inside each sequence (the packed layout above: flash-attention varlen on GPU, per-sequence SDPA on CPU).
+    """
+    bounds = cu_seqlens.to(device=input_ids.device, dtype=torch.int32)
+    max_len = int((bounds[1:] - bounds[:-1]).max()) if bounds.numel() > 1 else 0
+    with _varlen_attention(module):
+        out = module(
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=position_ids.unsqueeze(0),
+            attention_mask=None,
+            use_cache=False,
+            cu_seq_lens_q=bounds,
+            cu_seq_lens_k=bounds,
+            max_length_q=max_len,
+            max_length_k=max_len,
+        )
+    return out.logits[0]
 
 
 def _shared_prompt(

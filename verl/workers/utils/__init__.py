@@ -1,0 +1,1 @@
+"""Helpers of the workers with verl's import paths (`verl.workers.utils.losses`)."""
