@@ -85,7 +85,8 @@ def first_run(ray_session, tiny_model_dir, data_dir, tmp_path_factory):
         # after the last update the rollout holds version 3, the actor's weights: sample fresh responses now
         fresh = trainer._generate(trainer._batch_from_rows([0, 1], trainer.train_dataset), validate=False, seed=123)
         actor_log_probs = trainer.actor_rollout_wg.compute_log_prob(fresh).batch["old_log_probs"]
-        final_weights = trainer.actor_rollout_wg.export_actor_weights()[0]
+        buckets = iter(lambda: trainer.actor_rollout_wg.export_actor_weight_bucket()[0], [])
+        final_weights = dict(pair for bucket in buckets for pair in bucket)
         timeline = list(trainer.async_rollout.timeline)
     finally:
         for pool in trainer.resource_pool_manager.resource_pool_dict.values():

@@ -196,17 +196,28 @@ CASES += [("merged", False, True)]
 
 
 def _export_case(rank: int) -> dict:
-    """Async mode's export: rank 0 gets the whole CPU state dict (HF names), the other ranks None."""
+    """Async mode's stream: rank 0 gets the weights as CPU buckets of at most the bucket size (a larger tensor
+    alone), which together are the whole state dict under HF names; the other ranks None; `[]` on every rank ends
+    it, and the next call starts again from the first bucket."""
     from verl.utils.fsdp_utils import apply_fsdp2, get_full_state_dict
-    from verl.workers.weight_sync import export_weights
+    from verl.workers.weight_stream import BucketExporter
 
     actor = apply_fsdp2(perturbed(random_qwen2(0), seed=1))
-    exported = export_weights(actor, "full", keep=rank == 0)
+    exporter = BucketExporter(actor, "full", bucket_bytes=20_000, keep=rank == 0)
+    buckets = list(iter(exporter.next_bucket, []))
+    again = exporter.next_bucket()
     full = get_full_state_dict(actor)
     if rank != 0:
-        return {"none": exported is None}
-    same = sorted(exported) == sorted(full) and all(torch.equal(exported[k], full[k]) for k in full)
-    return {"same": same, "cpu": all(t.device.type == "cpu" for t in exported.values())}
+        return {"none": all(b is None for b in buckets), "again": again is None}
+    exported = dict(pair for bucket in buckets for pair in bucket)
+    sizes = [sum(t.numel() * t.element_size() for _, t in bucket) for bucket in buckets]
+    return {
+        "same": sorted(exported) == sorted(full) and all(torch.equal(exported[k], full[k]) for k in full),
+        "cpu": all(t.device.type == "cpu" for t in exported.values()),
+        "bounded": all(size <= 20_000 or len(bucket) == 1 for size, bucket in zip(sizes, buckets)),
+        "several": len(buckets) > 3,
+        "again": [n for n, _ in again] == [n for n, _ in buckets[0]],
+    }
 
 
 def _run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -240,8 +251,8 @@ def test_synced_engine_log_probs_equal_the_actors_holding_one_tensor_or_bucket(w
                     process.kill()
                 pytest.fail(f"the {world_size}-rank run did not finish within 120 s")
         results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]
-    assert results[0].pop("export") == {"same": True, "cpu": True}
-    assert all(r.pop("export") == {"none": True} for r in results[1:])
+    assert results[0].pop("export") == {"same": True, "cpu": True, "bounded": True, "several": True, "again": True}
+    assert all(r.pop("export") == {"none": True, "again": True} for r in results[1:])
     for rank_results in results:
         for (mode, _, buckets), r in rank_results.items():
             case = (mode, buckets)

@@ -20,8 +20,9 @@ Design choices:
   `optimizer_offload` moves the optimizer state to CPU between updates (on CPU both print one notice). The
   critic reads `critic.fsdp`, then `critic.fsdp_config`, then `critic.model.fsdp_config`.
 - Async mode (`trainer.rollout_mode=async`): the actor group has role `actor`/`actor_ref` (no engine) and a
-  standalone `rollout` group generates; the trainer moves weights with `export_actor_weights` (rank 0's CPU
-  state dict, gathered bucket by bucket) and `load_rollout_weights(state_dict, version)`, after which every
+  standalone `rollout` group generates; the trainer streams the weights bucket by bucket
+  (`export_actor_weight_bucket` on the actor group, `begin_rollout_weight_load` / `load_rollout_weight_bucket` /
+  `finish_rollout_weight_load(version)` on the rollout group; `verl.workers.weight_stream`), after which every
   generated token carries `rollout_versions` = version (-1 on padding).
 - LoRA (`model.lora_rank` > 0, `verl.workers.lora`): peft adapters on the actor and on the rollout copy; only
   the adapters train and are synced (vllm/sglang get the merged weights instead); the reference policy is the
@@ -64,6 +65,7 @@ from verl.workers.engine.fsdp.transformer_impl import attn_implementation, model
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
+from verl.workers.weight_stream import BucketExporter, BucketLoader
 
 ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -250,6 +252,7 @@ class ActorRolloutRefWorker(Worker):
         self.workflow: RolloutWorkflow | None = None  # rollout.workflow (null: call the engine directly)
         self.ref_policy: DataParallelPPOActor | None = None
         self.rollout_version: int | None = None  # policy version of a standalone rollout's weights (async mode)
+        self._weight_exporter: BucketExporter | None = None  # async mode: the actor's side of the weight stream
 
     # ------------------------------------------------------------------ building
     def _load_policy(self, dtype: str) -> nn.Module:
@@ -338,6 +341,7 @@ class ActorRolloutRefWorker(Worker):
             self._build_actor()
         if self._is_rollout:
             self.rollout = self._build_rollout()
+            self._weight_loader = BucketLoader(self.rollout)
             self.workflow = build_workflow(self.config.rollout, self.tokenizer)
         if self._is_ref:
             self._build_ref()
@@ -461,20 +465,33 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ async mode: a standalone rollout group
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_actor_weights(self) -> dict[str, torch.Tensor] | None:
-        """The actor's weights as one CPU state dict on rank 0 (what the rollout group's engine needs: with LoRA
-        the adapters or the merged weights), None on the other ranks. Collective."""
-        self._require(self.actor, "export_actor_weights", "actor, actor_ref, actor_rollout or actor_rollout_ref")
-        engine = get_rollout_class(self.config.rollout.get("name", "hf"))
-        mode = weight_sync.sync_mode(engine, self.use_lora)
-        return weight_sync.export_weights(self.actor_module, mode, keep=self.rank == 0)
+    def export_actor_weight_bucket(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The next bucket of the actor's weights for the standalone rollout group (what its engine needs: with
+        LoRA the adapters or the merged weights), as CPU tensors on rank 0 (None elsewhere); `[]` once all have
+        been sent (the next call starts a new stream). Collective: `verl.workers.weight_stream`."""
+        self._require(self.actor, "export_actor_weight_bucket", "actor, actor_ref, actor_rollout or actor_rollout_ref")
+        if self._weight_exporter is None:
+            mode = weight_sync.sync_mode(get_rollout_class(self.config.rollout.get("name", "hf")), self.use_lora)
+            size = weight_sync.bucket_bytes(self.config.rollout)
+            self._weight_exporter = BucketExporter(self.actor_module, mode, size, keep=self.rank == 0)
+        return self._weight_exporter.next_bucket()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_rollout_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Load the actor's weights of policy `version` (updates done) into this rollout engine; the responses
-        generated from now on carry `rollout_versions` = `version`."""
-        self._require(self.rollout, "load_rollout_weights", "rollout, actor_rollout or actor_rollout_ref")
-        self.rollout.update_weights(state_dict)
+    def begin_rollout_weight_load(self) -> None:
+        """Open a weight stream into this rollout engine (`load_rollout_weight_bucket`, then `finish_...`)."""
+        self._require(self.rollout, "begin_rollout_weight_load", "rollout, actor_rollout or actor_rollout_ref")
+        self._weight_loader.begin()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rollout_weight_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Load one bucket of the stream (returns once the engine has it)."""
+        self._weight_loader.put(bucket)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def finish_rollout_weight_load(self, version: int) -> None:
+        """Close the stream (the engine checks that every weight arrived); the responses generated from now on
+        carry `rollout_versions` = `version` (the number of updates in these weights)."""
+        self._weight_loader.finish()
         self.rollout_version = int(version)
 
 

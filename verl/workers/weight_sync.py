@@ -1,10 +1,10 @@
 """Weight sync from the FSDP2 actor to a rollout engine (`model_update`), streamed from the shards.
 
 Owns `actor_weights` / `actor_weight_buckets` (the actor's weights as a stream of tensors, or of buckets, gathered
-from its FSDP2 shards only when due), `sync_rollout_weights` (what the worker calls after every actor update),
-`export_weights` (async mode: one CPU state dict on rank 0), the name mapping and LoRA merge for engines without
-adapters (`engine_name`, `merged_lora_name`, `merge_lora_weight`) and `GatherStats` (bytes of gathered tensors
-alive, for tests and benchmarks).
+from its FSDP2 shards only when due), `sync_rollout_weights` (what the worker calls after every actor update), the
+name mapping and LoRA merge for engines without adapters (`engine_name`, `merged_lora_name`, `merge_lora_weight`)
+and `GatherStats` (bytes of gathered tensors alive, for tests and benchmarks). Async mode streams the same buckets
+to a rollout group in other processes (`verl.workers.weight_stream`).
 
 How a sync goes: the actor's parameters and persistent buffers are walked in module order without gathering
 anything. Each tensor is gathered (`full_tensor()`, after its local shard is cast to the engine's dtype) on the
@@ -49,7 +49,6 @@ __all__ = [
     "actor_weights",
     "bucket_bytes",
     "engine_name",
-    "export_weights",
     "merge_lora_weight",
     "merged_lora_name",
     "sync_mode",
@@ -337,16 +336,3 @@ def sync_rollout_weights(
         rollout.update_weights(actor_weight_buckets(actor_module, size, dtype, mode, stats))
     else:
         rollout.update_weights(actor_weights(actor_module, dtype, mode, stats))
-
-
-def export_weights(actor_module: nn.Module, mode: SyncMode, keep: bool) -> dict[str, torch.Tensor] | None:
-    """Async mode: the actor's weights (by `mode`) as one CPU state dict where `keep` (rank 0), else None.
-
-    Gathered tensor by tensor, so the ranks that do not keep the result never hold more than one full tensor; the
-    rank that keeps it holds the whole CPU copy that travels to the standalone rollout group. Collective."""
-    out: dict[str, torch.Tensor] | None = {} if keep else None
-    for name, tensor in actor_weights(actor_module, None, mode):
-        if out is not None:
-            out[name] = tensor.to("cpu", copy=True)
-        del tensor
-    return out

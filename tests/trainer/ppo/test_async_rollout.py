@@ -28,11 +28,25 @@ class FakeGroups:
         self.rollout_version = None
         self.ignore_pushes = set(ignore_pushes)  # versions the rollout "loses" (to exercise the staleness guard)
 
-    def export_actor_weights(self):
-        return [{"version": torch.tensor(self.actor_version)}, None]
+    def export_actor_weight_bucket(self):
+        """Two buckets of the actor's weights, then [] (the end of the stream), as the FSDP workers' stream."""
+        self._exported = getattr(self, "_exported", 0) + 1
+        if self._exported == 3:
+            self._exported = 0
+            return [[], []]
+        return [[("version", torch.tensor(self.actor_version)), ("part", torch.tensor(self._exported))], None]
 
-    def load_rollout_weights(self, state_dict, version):
-        assert int(state_dict["version"]) == version  # the weights pushed are the actor's at that version
+    def begin_rollout_weight_load(self):
+        assert getattr(self, "_incoming", None) is None, "a weight stream was left open"
+        self._incoming = []
+
+    def load_rollout_weight_bucket(self, bucket):
+        self._incoming.append(dict(bucket))
+
+    def finish_rollout_weight_load(self, version):
+        incoming, self._incoming = self._incoming, None
+        assert [int(b["part"]) for b in incoming] == [1, 2]  # the whole stream, in order, one bucket per call
+        assert all(int(b["version"]) == version for b in incoming)  # the weights pushed are the actor's at that version
         if version not in self.ignore_pushes:
             self.rollout_version = version
 

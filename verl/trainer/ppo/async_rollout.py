@@ -10,9 +10,10 @@ Ray's object store; no algorithm maths.
 How a run goes (s = async_training.max_staleness):
 - Two groups of processes: the actor (role `actor`, or `actor_ref` with a reference policy, plus the critic) and
   a standalone rollout group (role `rollout`, `async_training.rollout_n_gpus_per_node` processes of its own).
-- Policy version v = number of finished training steps. After step k the actor's gathered full state dict goes to
-  the rollout group through Ray's object store (`export_actor_weights` -> `ray.put` -> `load_rollout_weights`)
-  as version k, and every response token generated from then on carries `rollout_versions` = k.
+- Policy version v = number of finished training steps. After step k the actor's weights go to the rollout group
+  through Ray's object store one bucket at a time (`export_actor_weight_bucket` -> `ray.put` ->
+  `load_rollout_weight_bucket`, `verl.workers.weight_stream`) as version k, and every response token generated
+  from then on carries `rollout_versions` = k.
 - s >= 1: the batch of step j is generated during step j - s by a background thread of the driver running the
   trainer's phases 1-4 on the rollout group, while the main thread runs step j - s's log-prob and update phases
   on the actor group; the first s batches are generated up front. A batch is therefore s versions old when it is
@@ -265,9 +266,16 @@ class AsyncRollout:
         return out
 
     def _push_weights(self, version: int) -> None:
-        """The actor's full state dict, via Ray's object store, into every rollout rank as policy `version`."""
-        state_dict = self.trainer.actor_rollout_wg.export_actor_weights()[0]
-        self.trainer.rollout_wg.load_rollout_weights(ray.put(state_dict), version)
+        """The actor's weights into every rollout rank as policy `version`, one bucket at a time through Ray's object
+        store (`verl.workers.weight_stream`): no process holds more than one bucket of them."""
+        actor, rollout = self.trainer.actor_rollout_wg, self.trainer.rollout_wg
+        rollout.begin_rollout_weight_load()
+        try:
+            while bucket := actor.export_actor_weight_bucket()[0]:
+                rollout.load_rollout_weight_bucket(ray.put(bucket))
+                del bucket
+        finally:
+            rollout.finish_rollout_weight_load(version)  # raises what the engine raised while loading
         self.rollout_version = version
 
     def _staleness(self, batch: DataProto, step: int) -> torch.Tensor:
