@@ -1,6 +1,7 @@
-"""Per-rank memory of one actor -> rollout weight sync, streamed from the FSDP2 shards (`verl.workers.weight_sync`)
-one tensor at a time (`tensor`: what the hf engine gets) or in buckets (`bucket`: what vllm and sglang get), against
-the old full gather (`full`: `fsdp_utils.get_full_state_dict` + `update_weights(state_dict)`).
+"""Per-rank memory of one actor -> rollout weight sync from the FSDP2 shards (`verl.workers.weight_sync`): written in
+place into the engine's parameters (`in_place`: what the hf engine gets), streamed one gathered tensor at a time
+(`tensor`: an engine loading by name, e.g. hf with LoRA adapters) or in buckets (`bucket`: what vllm and sglang get),
+against the old full gather (`full`: `fsdp_utils.get_full_state_dict` + `update_weights(state_dict)`).
 
 Each rank builds a random Qwen2 (default ~166M parameters, 0.66 GB in fp32), FSDP2-shards it over gloo and keeps a
 plain copy for the `hf` engine, as `ActorRolloutRefWorker` does; then it syncs once while a thread samples the
@@ -10,7 +11,7 @@ largest tensor. Every configuration runs in fresh processes with `MALLOC_MMAP_TH
 tensors go back to the OS and RSS follows what is alive.
 
 Usage (from the repository root):
-    python benchmarks/bench_weight_sync.py                      # 2 ranks, buckets of 64 MB, all three methods
+    python benchmarks/bench_weight_sync.py                      # 2 ranks, buckets of 64 MB, all four methods
     python benchmarks/bench_weight_sync.py --bucket-mb 16 --hidden 512 --layers 4 --world-size 1
     python benchmarks/bench_weight_sync.py --qwen2-0.5b --bucket-mb 256      # Qwen2.5-0.5B's shapes, ~5 min
 
@@ -99,8 +100,10 @@ def child(args: argparse.Namespace) -> None:
     stats = GatherStats()
     start = time.perf_counter()
     with PeakRSS() as sampler:
-        if args.method in ("tensor", "bucket"):
+        if args.method in ("in_place", "tensor", "bucket"):
             rollout.takes_buckets = args.method == "bucket"
+            if args.method != "in_place":
+                rollout.in_place_module = lambda: None
             cfg = {"checkpoint_engine": {"update_weights_bucket_megabytes": args.bucket_mb}}
             sync_rollout_weights(actor, rollout, cfg, use_lora=False, stats=stats)
         else:
@@ -137,7 +140,7 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=0, help="default: hidden * 11 / 4")
     parser.add_argument("--tie", action="store_true", help="tied input/output embeddings")
     parser.add_argument("--qwen2-0.5b", dest="qwen05", action="store_true", help="Qwen2.5-0.5B's shapes (494M)")
-    parser.add_argument("--methods", default="tensor,bucket,full")
+    parser.add_argument("--methods", default="in_place,tensor,bucket,full")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", default="tensor", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

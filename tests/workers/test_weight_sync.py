@@ -162,9 +162,10 @@ def test_hf_engine_reads_the_whole_stream_before_rejecting_a_name():
 
 
 # ---------------------------------------------------------------------------------------------- FSDP2 ranks
-def _sync_case(mode: str, tie: bool, buckets: bool, rank: int) -> dict:
+def _sync_case(mode: str, tie: bool, path: str, rank: int) -> dict:
     """One actor (FSDP2, perturbed: a policy no copy has) and one hf engine; log-probs before and after a sync.
-    `buckets`: the engine takes buckets (as sglang does) instead of one tensor at a time."""
+    `path`: `in_place` (the hf engine's own way for full weights), `tensor` (one gathered tensor at a time, as an
+    engine without `in_place_module` gets them) or `bucket` (the engine takes buckets, as sglang does)."""
     from verl.utils.fsdp_utils import apply_fsdp2
     from verl.workers.weight_sync import sync_rollout_weights
 
@@ -178,7 +179,9 @@ def _sync_case(mode: str, tie: bool, buckets: bool, rank: int) -> dict:
     rollout = engine(rollout_model)
     if mode == "merged":  # an engine built from model.path (vllm, sglang): merged weights, HF names
         rollout.builds_from_path = True
-    rollout.takes_buckets = buckets
+    rollout.takes_buckets = path == "bucket"
+    if path != "in_place":
+        rollout.in_place_module = lambda: None
     ids = torch.randint(0, 100, (3, 12), generator=torch.Generator().manual_seed(rank))
     before = (token_log_probs(actor, ids) - token_log_probs(rollout.module, ids)).abs().max().item()
     stats = GatherStats()
@@ -187,12 +190,12 @@ def _sync_case(mode: str, tie: bool, buckets: bool, rank: int) -> dict:
     after = (token_log_probs(actor, ids) - token_log_probs(rollout.module, ids)).abs().max().item()
     total = sum(p.numel() * p.element_size() for p in rollout.module.parameters())
     return {"before": before, "after": after, "peak": stats.peak, "largest": stats.largest,
-            "alive": stats.alive, "buckets": stats.buckets, "total": total}  # fmt: skip
+            "alive": stats.alive, "buckets": stats.buckets, "tensors": stats.tensors, "total": total}  # fmt: skip
 
 
-# (mode, tied embeddings, engine takes buckets)
-CASES = [("full", False, False), ("full", True, True), ("adapters", False, False), ("merged", True, False)]
-CASES += [("merged", False, True)]
+# (mode, tied embeddings, path)
+CASES = [("full", False, "in_place"), ("full", True, "in_place"), ("full", False, "tensor"), ("full", True, "bucket")]
+CASES += [("adapters", False, "tensor"), ("merged", True, "tensor"), ("merged", False, "bucket")]
 
 
 def _export_case(rank: int) -> dict:
@@ -254,12 +257,15 @@ def test_synced_engine_log_probs_equal_the_actors_holding_one_tensor_or_bucket(w
     assert results[0].pop("export") == {"same": True, "cpu": True, "bounded": True, "several": True, "again": True}
     assert all(r.pop("export") == {"none": True, "again": True} for r in results[1:])
     for rank_results in results:
-        for (mode, _, buckets), r in rank_results.items():
-            case = (mode, buckets)
+        for (mode, _, path), r in rank_results.items():
+            case = (mode, path)
             assert r["before"] > 1e-2, case  # the engine starts with other weights
             assert r["after"] < 1e-5, case
             assert r["alive"] == 0, case  # the engine dropped everything it was sent
-            if buckets:
+            if path == "in_place":  # written into the engine's parameters: nothing gathered, nothing copied
+                assert r["peak"] == 0 and r["tensors"] > 0, case
+                continue
+            if path == "bucket":
                 assert r["peak"] <= BUCKET + r["largest"], case
             elif mode == "merged":  # the gathered base weight, its adapters, the merged copy on 1 rank
                 assert r["peak"] <= 2 * r["largest"], case
@@ -267,4 +273,4 @@ def test_synced_engine_log_probs_equal_the_actors_holding_one_tensor_or_bucket(w
                 assert r["peak"] <= r["largest"], case  # one tensor at a time
             if world_size == 2:  # on 1 rank a gathered fp32 tensor is the shard itself: nothing new
                 assert 0 < r["peak"] < r["total"] / 2, case
-                assert r["buckets"] > 1 or not buckets, case
+                assert r["buckets"] > 1 or path != "bucket", case

@@ -9,13 +9,16 @@ to a rollout group in other processes (`verl.workers.weight_stream`).
 How a sync goes: the actor's parameters and persistent buffers are walked in module order without gathering
 anything. Each tensor is gathered (`full_tensor()`, after its local shard is cast to the engine's dtype) on the
 mesh's device, so on GPU nothing goes through host memory, when the engine asks for it:
-- an engine that loads tensor by tensor (`hf`: `param.copy_` in place; verl's `update_weights` contract) gets
+- an engine that loads tensor by tensor (`hf` with LoRA adapters; verl's `update_weights` contract) gets
   `(name, tensor)` pairs one at a time: one gathered tensor alive at once;
 - an engine with `takes_buckets` (`vllm`, `sglang`: one engine request per bucket) gets lists of pairs of at most
   `rollout.checkpoint_engine.update_weights_bucket_megabytes` (verl's key and meaning, default 2048; a larger
   tensor travels alone), gathered as the bucket fills: one bucket alive at once.
-Either way a sync costs per rank one tensor or one bucket on top of the actor's shard and the engine's own copy,
-never a second full model (plus the collective's own buffer, about one more tensor on gloo). Checkpoint export
+- an engine that exposes its own model (`in_place_module()`: `hf` without LoRA) gets each tensor written straight
+  into its parameter: every rank broadcasts its FSDP2 rows into the others' copies (`sync_in_place`), so nothing is
+  gathered at all (on gloo a gathered tensor costs twice its size: the output and the collective's buffer).
+Any way a sync costs per rank at most one tensor or one bucket on top of the actor's shard and the engine's own
+copy, never a second full model (plus the collective's own buffer, about one more tensor on gloo). Checkpoint export
 (`fsdp_utils.get_full_state_dict`) still gathers the whole model.
 
 What is sent, under the engine model's names (FSDP / activation-checkpoint / torch.compile wrapper prefixes
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -52,6 +56,7 @@ __all__ = [
     "merge_lora_weight",
     "merged_lora_name",
     "sync_mode",
+    "sync_in_place",
     "sync_rollout_weights",
 ]
 
@@ -182,6 +187,7 @@ class _Entry:
     name: str
     nbytes: int  # in the dtype sent, known before anything is gathered
     make: Callable[[], torch.Tensor]
+    source: torch.Tensor | None = None  # the actor's own (sharded) tensor, for a plain entry
 
 
 def _own_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -198,7 +204,7 @@ def _nbytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
 
 
 def _plain_entry(name: str, tensor: torch.Tensor, dtype: torch.dtype | None, stats: GatherStats | None) -> _Entry:
-    return _Entry(name, _nbytes(tensor, dtype), lambda: _gather(tensor, dtype, stats)[0])
+    return _Entry(name, _nbytes(tensor, dtype), lambda: _gather(tensor, dtype, stats)[0], tensor)
 
 
 def _merged_entries(
@@ -321,18 +327,90 @@ def actor_weight_buckets(
         yield bucket
 
 
+# ---------------------------------------------------------------- in place: no gathered tensor at all
+def _row_shards(tensor: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether `tensor` is sharded by rows over a 1-D mesh (FSDP2's layout) whose device `target` is on."""
+    return (
+        isinstance(tensor, DTensor)
+        and tensor.device_mesh.ndim == 1
+        and tensor.placements[0].is_shard(0)
+        and target.device.type == tensor.device_mesh.device_type
+        and target.is_contiguous()
+        and tuple(target.shape) == tuple(tensor.shape)
+    )
+
+
+def _write_into(target: torch.Tensor, tensor: torch.Tensor, stats: GatherStats | None) -> None:
+    """Write the full value of the actor's `tensor` into the engine's `target` (same shape). Sharded by rows: mesh
+    rank r copies its rows (FSDP2 cuts dim 0 as `torch.chunk`) into `target`'s rows and broadcasts them from there,
+    so nothing is gathered (a shard-sized copy only when dtype or device differ). Otherwise the gathered tensor is
+    copied in (one tensor alive)."""
+    source = tensor.detach()
+    if not _row_shards(source, target):
+        full, _ = _gather(source, target.dtype, stats)
+        target.copy_(full)
+        return
+    mesh = source.device_mesh
+    group, world, me = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    local = source.to_local()
+    converted = local.to(device=target.device, dtype=target.dtype)
+    if stats is not None and converted.untyped_storage().data_ptr() != local.untyped_storage().data_ptr():
+        stats.track(converted)
+    rows = source.shape[0]
+    chunk = -(-rows // world)
+    for r in range(world):
+        lo, hi = r * chunk, min((r + 1) * chunk, rows)
+        if lo >= hi:
+            continue
+        view = target[lo:hi]
+        if r == me:
+            view.copy_(converted)
+        dist.broadcast(view, src=dist.get_global_rank(group, r), group=group)
+
+
+@torch.no_grad()
+def sync_in_place(actor_module: nn.Module, engine_module: nn.Module, stats: GatherStats | None = None) -> None:
+    """Write the actor's weights (mode `full`) straight into the parameters and persistent buffers of an engine's
+    own model (same names after the wrapper prefixes, same shapes), each by `_write_into`: the rise in memory during
+    the sync is a shard-sized cast copy at most, never a gathered tensor (gloo's all-gather would also allocate a
+    second full-size buffer). Every engine tensor must be written (tied ones once) and every actor name known, else
+    KeyError, raised after all collectives are done. Collective: every rank of the actor's mesh calls it."""
+    _check(actor_module, "full")
+    targets = dict(engine_module.named_parameters(remove_duplicate=False))
+    targets.update((name, buf) for name, buf in engine_module.named_buffers(remove_duplicate=False))
+    written, unknown = set(), []
+    for entry in _entries(actor_module, "full", None, stats):
+        target = targets.get(entry.name)
+        if target is None:  # every rank sees the same names: all skip it together
+            unknown.append(entry.name)
+            continue
+        _write_into(target, entry.source, stats)
+        written.add(id(target))
+        if stats is not None:
+            stats.tensors += 1
+    missing = [n for n, p in engine_module.named_parameters(remove_duplicate=False) if id(p) not in written]
+    if unknown or missing:
+        raise KeyError(
+            f"in-place weight sync: actor names the engine lacks {unknown[:5]}, engine weights not sent {missing[:5]}"
+        )
+
+
 # ---------------------------------------------------------------- what the worker calls
 def sync_rollout_weights(
     actor_module: nn.Module, rollout: Any, rollout_cfg: Any, use_lora: bool, stats: GatherStats | None = None
 ) -> None:
-    """model_update: stream the actor's weights into `rollout.update_weights` in the engine's dtype
-    (`rollout.weight_dtype`; LoRA adapters in the actor's): tensor by tensor, or in buckets of
-    `rollout.checkpoint_engine.update_weights_bucket_megabytes` for an engine with `takes_buckets`.
-    Collective: every actor rank calls it."""
+    """model_update: the actor's weights into the engine: written in place into an engine that exposes its own model
+    (`in_place_module()`: the `hf` engine without LoRA; `sync_in_place`, nothing gathered), else streamed into
+    `rollout.update_weights` in the engine's dtype (`rollout.weight_dtype`; LoRA adapters in the actor's): tensor by
+    tensor, or in buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes` for an engine with
+    `takes_buckets`. Collective: every actor rank calls it."""
     mode = sync_mode(rollout, use_lora)
     dtype = None if mode == "adapters" else getattr(rollout, "weight_dtype", None)
     size = bucket_bytes(rollout_cfg)  # checked whatever the engine
-    if getattr(rollout, "takes_buckets", False):
+    in_place = rollout.in_place_module() if mode == "full" and hasattr(rollout, "in_place_module") else None
+    if in_place is not None:
+        sync_in_place(actor_module, in_place, stats)
+    elif getattr(rollout, "takes_buckets", False):
         rollout.update_weights(actor_weight_buckets(actor_module, size, dtype, mode, stats))
     else:
         rollout.update_weights(actor_weights(actor_module, dtype, mode, stats))

@@ -88,6 +88,11 @@ class BaseRollout(ABC):
         `(name, tensor)` pairs or buckets (see `takes_buckets`; gathered from the actor's shards as they are read:
         read the stream to its end and drop each tensor once loaded, see `named_tensor_stream`)."""
 
+    def in_place_module(self) -> Any:
+        """The engine's own model when the actor's weights may be written straight into its parameters (same names and
+        shapes; `verl.workers.weight_sync.sync_in_place`), else None (they arrive through `update_weights`)."""
+        return None
+
     async def agenerate(self, req: Any) -> Any:
         """One `ModelResponse` for a `ModelRequest`; concurrent calls share batched generate calls
         (verl.workers.rollout.async_engine)."""

@@ -71,6 +71,11 @@ class HFRollout(BaseRollout):
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
+    def in_place_module(self) -> nn.Module | None:
+        """This engine's model, written in place by a full (non-LoRA) weight sync; None for a peft model (it takes
+        only its adapters, through `update_weights`)."""
+        return None if hasattr(self.module, "peft_config") else self.module
+
     @torch.no_grad()
     def update_weights(self, weights: WeightSource) -> None:
         """Copy the actor's weights into the engine's module in place (tied weights stay tied).
