@@ -186,6 +186,51 @@ def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, monke
     assert max((result["state"][k] - ref[k]).abs().max().item() for k in ref) < 1e-5
 
 
+def _unsharded_worker(rank: int, world_size: int, port: int, out_path: str) -> None:
+    """Forwards of different counts per rank inside `unsharded` (no collective may run there), then a training step
+    on the resharded model; rank 0 saves the logits seen inside, the sharding state after and the trained weights."""
+    from verl.utils.fsdp_utils import unsharded
+
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    torch.set_num_threads(1)
+    init_distributed("gloo")
+    model = apply_fsdp2(tiny_qwen2(seed=0))
+    ids = batch_ids()
+    with torch.no_grad(), unsharded(model):
+        for _ in range(2 + 3 * rank):  # rank 0: 2 forwards, rank 1: 5
+            logits = model(input_ids=ids).logits
+    resharded = all(p.to_local().numel() < p.numel() for p in model.parameters() if p.dim() == 2)
+    optim = build_optimizer(model, OPTIM_CFG)
+    local_ids = ids.chunk(world_size)[rank]
+    model(input_ids=local_ids, labels=local_ids).loss.backward()
+    optim.step()
+    full = get_full_state_dict(model)
+    if rank == 0:
+        torch.save({"logits": logits, "resharded": resharded, "state": full}, out_path)
+    destroy_distributed()
+
+
+@pytest.mark.slow
+def test_unsharded_runs_uneven_forwards_without_collectives_then_trains_resharded(tmp_path, monkeypatch):
+    """What the hf engine does with the actor's own FSDP2 module: gather once, generate (ranks stop at different
+    lengths), reshard; the forwards inside equal the plain model's and the training step after is unchanged."""
+    out_path = str(tmp_path / "unsharded.pt")
+    spawn(_unsharded_worker, 2, out_path, monkeypatch=monkeypatch)
+    result = torch.load(out_path, weights_only=True)
+    reference = tiny_qwen2(seed=0)
+    ids = batch_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(result["logits"], reference(input_ids=ids).logits, atol=1e-6, rtol=0)
+    assert result["resharded"]
+    optim = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
+    reference(input_ids=ids, labels=ids).loss.backward()
+    optim.step()
+    ref = reference.state_dict()
+    assert max((result["state"][k] - ref[k]).abs().max().item() for k in ref) < 1e-5
+
+
 # ---------------------------------------------------------------- optimizer and LR schedule
 def test_build_optimizer_reads_config_and_skips_frozen_params():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))

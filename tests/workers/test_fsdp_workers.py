@@ -67,6 +67,9 @@ def with_advantages(batch: DataProto) -> DataProto:
 
 
 def rollout_state(worker: ActorRolloutRefWorker) -> dict:
+    """The weights the rollout engine generates with (the actor's own, gathered, when it shares the actor's module)."""
+    if worker.rollout.module is worker.actor_module:
+        return get_full_state_dict(worker.actor_module)
     return {k: v.detach().clone() for k, v in worker.rollout.module.state_dict().items()}
 
 
@@ -133,6 +136,8 @@ def test_config_normalisation_and_errors(tiny_model_dir):
 
 
 def test_generate_logprob_update_sync_checkpoint_round_trip(worker, tmp_path):
+    # the hf engine in the actor's dtype generates with the actor's own FSDP2 module: no second copy, no sync
+    assert worker.rollout.module is worker.actor_module
     # generate: rollout log-probs equal the actor's on the same weights
     gen = worker.generate_sequences(make_prompts(worker.tokenizer, seed=1))
     assert gen.batch["responses"].shape == (len(TEXTS) * N, RESPONSE_LEN)
@@ -211,11 +216,8 @@ def test_lora_trains_and_syncs_only_adapters_and_the_reference_is_the_base(tiny_
     w.update_actor(with_advantages(gen.union(old).union(ref)))
     changed = [n for n, p in w.actor_module.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed and all("lora_" in n for n in changed)  # the base weights never move
-    # the rollout got the new adapters: its log-probs equal the updated actor's
-    rollout_params = dict(w.rollout.module.named_parameters())
-    for name, p in w.actor_module.named_parameters():
-        if "lora_" in name:
-            assert torch.equal(rollout_params[name], p.detach().full_tensor()), name
+    # the rollout generates with the actor's module, new adapters included: its log-probs equal the updated actor's
+    assert w.rollout.module is w.actor_module
     gen2 = w.generate_sequences(make_prompts(w.tokenizer, seed=4))
     old2 = w.compute_log_prob(gen2)
     mask2 = gen2.batch["response_mask"].bool()
@@ -224,6 +226,27 @@ def test_lora_trains_and_syncs_only_adapters_and_the_reference_is_the_base(tiny_
     # the reference is still the base model (adapters disabled), although the adapters moved
     ref_after = w.compute_ref_log_prob(gen).batch["ref_log_prob"]
     torch.testing.assert_close(ref_after, ref.batch["ref_log_prob"], atol=1e-6, rtol=0)
+
+
+def test_a_rollout_in_another_dtype_gets_its_own_copy_written_after_every_update(tiny_model_dir):
+    """rollout.dtype=bfloat16 with a float32 actor: the hf engine holds a bf16 copy; after an update it holds the
+    actor's new weights cast to bf16 (written in place from the shards), and its samples score as the actor's would
+    up to bf16 rounding."""
+    w = ActorRolloutRefWorker(trainer_config(tiny_model_dir, **{"rollout.dtype": "bfloat16"}).actor_rollout_ref,
+                              role="actor_rollout")  # fmt: skip
+    w.init_model()
+    assert w.rollout.module is not w.actor_module
+    assert {p.dtype for p in w.rollout.module.parameters()} == {torch.bfloat16}
+    gen = w.generate_sequences(make_prompts(w.tokenizer, seed=5))
+    old = w.compute_log_prob(gen)
+    w.update_actor(with_advantages(gen.union(old)))
+    actor = get_full_state_dict(w.actor_module)
+    for name, value in rollout_state(w).items():
+        assert torch.equal(value, actor[name].to(torch.bfloat16)), name
+    gen2 = w.generate_sequences(make_prompts(w.tokenizer, seed=6))
+    mask = gen2.batch["response_mask"].bool()
+    diff = (w.compute_log_prob(gen2).batch["old_log_probs"] - gen2.batch["rollout_log_probs"])[mask].abs()
+    assert diff.max() < 0.1  # bf16 generation of the fp32 weights
 
 
 def test_critic_values_update_and_checkpoint(worker, tiny_model_dir, tmp_path):

@@ -44,6 +44,7 @@ __all__ = [
     "offload_settings",
     "optimizer_state_on",
     "get_full_state_dict",
+    "unsharded",
     "load_full_state_dict",
     "build_optimizer",
     "build_lr_scheduler",
@@ -234,11 +235,33 @@ def apply_fsdp2(
     for layer in targets:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    for unit in model.modules():  # what `unsharded` restores after a generation
+        if isinstance(unit, FSDPModule):
+            unit._verl_reshard_after_forward = reshard_after_forward
     if forward_prefetch:
         sharded = [m for m in targets if isinstance(m, FSDPModule)]
         for layer, following in zip(sharded, sharded[1:]):
             layer.set_modules_to_forward_prefetch([following])
     return model
+
+
+@contextmanager
+def unsharded(module: nn.Module) -> Iterator[None]:
+    """The block runs `module`'s forwards on its full weights: every FSDP2 unit is gathered once on entry and kept
+    gathered (no resharding after a forward), then resharded on exit. No collective runs inside the block, so the
+    ranks may make different numbers of forwards (a generation whose rows stop at different lengths). A plain
+    module is left as it is. Collective on entry and exit: every rank of the mesh enters together."""
+    units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+    for unit in units:
+        unit.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(getattr(unit, "_verl_reshard_after_forward", True))
 
 
 def fsdp_mixed_precision(fsdp_cfg: Any, where: str) -> dict[str, torch.dtype | None]:

@@ -8,12 +8,13 @@ maths lives in layer 5 (`DataParallelPPOActor`, `DataParallelPPOCritic`, the rol
 it up.
 
 Design choices:
-- The `hf` rollout engine gets its own un-sharded copy of the policy; after every actor update (and after
-  loading a checkpoint) the actor's weights are streamed into it from the FSDP2 shards, one gathered tensor at a
-  time (`verl.workers.weight_sync`; no full gather; vllm/sglang take buckets of
-  `rollout.checkpoint_engine.update_weights_bucket_megabytes`). `vllm`/`sglang` (`builds_from_path`) load
+- The `hf` rollout engine generates with the actor's own FSDP2 module (gathered for the call) when it computes in
+  the actor's dtype: no second copy, no weight sync. Otherwise (another `rollout.dtype`) it gets its own copy,
+  which the actor's weights are written into after every update (and after loading a checkpoint) from the FSDP2
+  shards (`verl.workers.weight_sync`: in place, no gather). `vllm`/`sglang` (`builds_from_path`) load
   `model.path` themselves (with `rollout.load_format`, verl's default `dummy`: random weights) and receive the
-  same stream right after `init_model` and after every update.
+  weights in buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes` right after `init_model` and
+  after every update.
 - `fsdp_config` (verl's keys): `model_dtype` is the dtype of the FSDP module's parameters (the actor's master
   weights; verl fp32), `reshard_after_forward`, `fsdp_size` (hybrid sharding), `forward_prefetch`, `wrap_policy`
   (`min_num_params` / `transformer_layer_cls_to_wrap`); on CUDA `param_offload` is FSDP2's `CPUOffloadPolicy` and
@@ -300,7 +301,10 @@ class ActorRolloutRefWorker(Worker):
         if getattr(rollout_cls, "builds_from_path", False):  # vllm, sglang: the engine loads model.path itself
             trust = bool(self.config.model.get("trust_remote_code", False))
             return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust)
-        dtype = _canonical_dtype(rollout_cfg.get("dtype") or compute_dtype(self.config.actor.get("fsdp_config")))
+        actor_dtype = compute_dtype(self.config.actor.get("fsdp_config")) if self.actor is not None else None
+        dtype = _canonical_dtype(rollout_cfg.get("dtype") or actor_dtype or "float32")
+        if self.actor is not None and dtype == actor_dtype and getattr(rollout_cls, "accepts_sharded_module", False):
+            return rollout_cls(self.actor_module, rollout_cfg, self.tokenizer)  # no copy, no sync: hf_rollout.py
         module = self._load_policy(dtype)
         if self.use_lora:  # the same adapters; `_sync_rollout_weights` sends only them
             module = apply_lora(module, self.config.model)
@@ -359,8 +363,11 @@ class ActorRolloutRefWorker(Worker):
             )
 
     def _sync_rollout_weights(self) -> None:
-        """model_update: stream the actor's weights from its shards into the rollout engine (with LoRA only the
-        adapters, or the merged weights for vllm/sglang; `verl.workers.weight_sync`). Collective."""
+        """model_update: the actor's weights into the rollout engine's copy (with LoRA only the adapters, or the
+        merged weights for vllm/sglang; `verl.workers.weight_sync`); nothing when the engine generates with the
+        actor's own module. Collective."""
+        if getattr(self.rollout, "module", None) is self.actor_module:
+            return
         weight_sync.sync_rollout_weights(self.actor_module, self.rollout, self.config.rollout, self.use_lora)
 
     def _temperature(self) -> float:

@@ -1,12 +1,14 @@
-"""The `hf` rollout engine: sampling with a HF model on an un-sharded copy of the policy (CPU and GPU, the default).
+"""The `hf` rollout engine: sampling with a HF model (CPU and GPU, the default).
 
-Owns `HFRollout`. Weight sync (`model_update`): the engine holds its own plain (not FSDP-wrapped) copy of the
-policy; after every actor update the worker streams the actor's weights to `update_weights` one gathered tensor
-at a time (`verl.workers.weight_sync`), which copies each into its parameter in place and drops it, so no second
-full copy is ever alive. A separate copy (rather than generating with the FSDP2 module itself) keeps
-generation free of collectives, so ranks may stop at different lengths and micro-batch counts, and its
-log-probs equal the actor's on the same weights up to KV-cache rounding (~1e-6). The cost is one extra copy of
-the weights per rank.
+Owns `HFRollout`. Two ways to hold the policy:
+- the actor's own FSDP2 module (what the worker does when the rollout computes in the actor's dtype): each
+  `generate_sequences` gathers the shards once (`fsdp_utils.unsharded`), generates with no collective inside (so
+  ranks may stop at different lengths and micro-batch counts) and reshards; there is no second copy of the
+  weights and no weight sync: the engine always generates with the weights the actor just trained;
+- its own plain copy (another dtype, or a standalone rollout group in async mode): after every actor update the
+  worker writes the actor's weights into it (`verl.workers.weight_sync`: in place, or one gathered tensor at a time
+  through `update_weights` for LoRA adapters), never holding a second full copy.
+Either way the log-probs equal the actor's on the same weights up to KV-cache rounding (~1e-6).
 
 Generation is a plain KV-cache sampling loop (HF's own logits warpers for temperature, top-k, top-p, in HF's
 order) rather than `model.generate`, for two savings `generate` does not make: each distinct prompt of a
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
@@ -33,6 +36,7 @@ from transformers.generation.logits_process import (
 )
 
 from verl.protocol import DataProto
+from verl.utils import fsdp_utils
 from verl.utils.torch_functional import group_first_rows, prompt_groups
 from verl.workers.rollout.base import (
     BaseRollout,
@@ -55,8 +59,11 @@ class HFRollout(BaseRollout):
     tokenizer: used for default eos/pad ids when meta_info has none.
     """
 
+    accepts_sharded_module = True  # may generate with the actor's FSDP2 module itself (see the module docstring)
+
     def __init__(self, module: nn.Module, config: Any, tokenizer: Any = None):
         self.module = module
+        self.sharded = any(isinstance(m, FSDPModule) for m in module.modules())
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.get("response_length", 0) or 0)
@@ -74,6 +81,8 @@ class HFRollout(BaseRollout):
     def in_place_module(self) -> nn.Module | None:
         """This engine's model, written in place by a full (non-LoRA) weight sync; None for a peft model (it takes
         only its adapters, through `update_weights`)."""
+        if self.sharded:
+            raise RuntimeError("this hf engine generates with the actor's own FSDP2 module: there is nothing to sync")
         return None if hasattr(self.module, "peft_config") else self.module
 
     @torch.no_grad()
@@ -145,7 +154,7 @@ class HFRollout(BaseRollout):
         self.module.eval()
         fork_devices = [device] if device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=fork_devices):
+            with torch.random.fork_rng(devices=fork_devices), fsdp_utils.unsharded(self.module):
                 torch.manual_seed(seed)
                 for start in range(0, bs, micro):
                     rows = order[start : start + micro]
