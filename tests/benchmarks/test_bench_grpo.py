@@ -1,6 +1,7 @@
 """The benchmark harness (benchmarks/bench_grpo.py) runs its own code path for our trainer end to end, so the
 script cannot rot: 2 steps of the bench config through `main_ppo.run_ppo` in a subprocess, figures read back
-from the JSON it writes. TRL and the floor are not run here (TRL is a benchmark-only dependency)."""
+from the JSON it writes, with the per-phase CPU probe of the worker. TRL, bare HF and the matmul-rate measurement
+of the floor are not run here (TRL is a benchmark-only dependency; the FLOP count is tested in test_flops.py)."""
 
 import json
 import os
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 def test_harness_runs_our_trainer_and_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, BENCH, "--runs", "ours", "--steps", "2", "--warmup", "1", "--rounds", "1"]
-    cmd += ["--variants", "", "--workdir", str(tmp_path / "work"), "--out", str(out)]
+    cmd += ["--variants", "", "--no-floor", "--workdir", str(tmp_path / "work"), "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -33,5 +34,8 @@ def test_harness_runs_our_trainer_and_writes_its_figures(tmp_path):
     assert -0.5 < ours["orchestration_share"] < 1
     (run,) = figures["runs"]
     assert len(run["step_s"]) == 2 and all(t > 0 for t in run["gen_tokens"])
-    assert "ours orchestration share" in figures["ratios"] and "ours/trl step time" not in figures["ratios"]
+    assert "ray orchestration share" in figures["bars"] and "ours/trl step time" not in figures["ratios"]
+    step = ours["probe"]["step"]  # CPU seconds of the Ray worker doing the compute, and its priority
+    assert step["compute_cpu_s"] > 0 and step["wall_s"] > 0
+    assert ours["compute_process"]["nice"] == 0 and ours["compute_process"]["env"]["RAY_worker_niceness"] == "0"
     assert "ours" in proc.stdout and "orch" in proc.stdout  # the printed table

@@ -173,7 +173,10 @@ def test_bad_reward_worker_settings_are_clear_errors():
         check_reward_config(OmegaConf.create({"reward": {"rlla": {"num_workers": 0}}}), ["rlla"])
     with pytest.raises(ValueError, match="reward.ifeval.score_kwargs must be a mapping"):
         check_reward_config(OmegaConf.create({"reward": {"ifeval": {"score_kwargs": [1]}}}), ["ifeval"])
-    for config in ({"reward": {"custom_reward_function": {"path": "r.py"}}}, {"custom_reward_function": {"path": "r.py"}}):
+    for config in (
+        {"reward": {"custom_reward_function": {"path": "r.py"}}},
+        {"custom_reward_function": {"path": "r.py"}},
+    ):
         with pytest.raises(ValueError, match="custom_reward_function.path is set together with data.domains"):
             check_reward_config(OmegaConf.create(config), ["rlla"])
     for config in ({"reward": {"reward_manager": {"name": "dapo"}}}, {"reward_model": {"reward_manager": "dapo"}}):

@@ -2,7 +2,7 @@
 
 Owns `LocalWorkerGroup`, the drop-in for `RayWorkerGroup` that `trainer.single_process=true` uses. A
 laptop run has one worker process anyway; running it in the driver saves the second copy of torch and
-transformers in memory, Ray's daemons (gcs, raylet, dashboard, agents, monitors: ~500-700 MB resident) and
+transformers in memory, Ray's daemons (gcs, raylet, agents, log monitor: ~350 MB resident) and
 Ray's start-up (~10 s), and passes batches by reference instead of through the object store.
 
 The group behaves like a `RayWorkerGroup` of world size 1: the same `@register`ed methods with the same

@@ -66,7 +66,8 @@ class ToyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self):
-        return {**self.get_env(), "pid": os.getpid(), "threads": torch.get_num_threads(), "flag": os.getenv("TOY_FLAG")}
+        env = {**self.get_env(), "pid": os.getpid(), "threads": torch.get_num_threads(), "flag": os.getenv("TOY_FLAG")}
+        return {**env, "nice": os.nice(0)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def all_reduce(self, value: float):
@@ -224,6 +225,7 @@ def test_each_rank_sees_its_environment(groups, ray_session):
     assert envs[0]["pid"] != envs[1]["pid"] != os.getpid()
     assert [(e["VERL_NUM_THREADS"], e["threads"]) for e in envs] == [("1", 1), ("1", 1)]
     assert [e["flag"] for e in envs] == [None, None]
+    assert [e["nice"] for e in envs] == [0, 0]  # Ray's default for workers is nice 15 (preempted by everything)
 
     (one,) = groups[1].env()
     assert (one["RANK"], one["WORLD_SIZE"], one["MASTER_ADDR"]) == ("0", "1", node_ip)

@@ -47,6 +47,8 @@ from verl.single_controller.base.worker_group import WorkerGroup
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
+# Ray's setting of its workers' nice value (Ray's default 15); the driver's value, else 0, is passed to every worker.
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
 
 
 def _require_ray() -> None:
@@ -295,8 +297,9 @@ class RayWorkerGroup(WorkerGroup):
 
     Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
     is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-    VERL_NUM_THREADS set (on CPU also OMP_WAIT_POLICY=PASSIVE, unless the driver sets it): rank 0 starts first and picks MASTER_ADDR (its node IP) and a free MASTER_PORT,
-    then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
+    VERL_NUM_THREADS set (on CPU also OMP_WAIT_POLICY=PASSIVE, unless the driver sets it), at nice 0 (Ray's
+    default is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node
+    IP) and a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
     the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so `cuda:LOCAL_RANK`
     is its device). `bin_pack=True` keeps each node's processes on one node
     (STRICT_PACK placement groups; False: PACK). `detached=True` names the actors and lets them outlive the
@@ -367,6 +370,9 @@ class RayWorkerGroup(WorkerGroup):
                 }
                 if not pool.use_gpu:  # idle OpenMP threads sleep instead of spinning: on a busy CPU spinning
                     env_vars["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")  # cost 10x here
+                # Ray runs its workers at nice 15: any process at the default priority (the driver, Ray's own
+                # daemons, the user's other jobs) then preempts the worker doing all the compute
+                env_vars[WORKER_NICENESS_ENV] = os.environ.get(WORKER_NICENESS_ENV, "0")
                 options = dict(cls_with_init.options)
                 runtime_env = dict(options.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
