@@ -14,7 +14,7 @@ if [ "$EMBEDDED" = 1 ]; then
     actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.optim.lr=1e-4 critic.optim.lr=1e-4 trainer.critic_warmup=0
     trainer.total_training_steps=40 trainer.test_freq=10 trainer.save_freq=0
-    trainer.experiment_name=ppo_default_seed${SEED} trainer.seed=$SEED
+    trainer.experiment_name=ppo_default_seed${SEED}${RUN_SUFFIX} trainer.seed=$SEED
   )
 fi
 run_main_ppo algorithm.adv_estimator=gae algorithm.gamma=1.0 algorithm.lam=0.95 \

@@ -3,9 +3,10 @@
 #
 # Environment: BASE_MODEL (HF model dir; unset = build the tiny default), DATA_DIR (train.parquet + test.parquet),
 # EXPERIMENT_NAME, N_GPUS (GPUs per node; on CPU worker processes per node), NNODES, SEED, WORK_DIR (default job
-# folder), SFT_STEPS (SFT warm-start steps of the default job), PYTHON. ToolRL's reward switches (WITHLENGTH,
-# CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD, SCHEDULELENGTH, REFINEDREWARD, COARSEREWARD, INTERMEDIATEREWARD
-# =1) are read by the RLLA reward at call time.
+# folder), SFT_STEPS (SFT warm-start steps of the default job), CONTROL (=1: the reward-free control run, every
+# training response scored 0 by verl/utils/reward_score/control.py, validation by the real reward), PYTHON.
+# ToolRL's reward switches (WITHLENGTH, CORRECTMAX1, MAX1STEP30MAX3, SCHEDULEREWARD, SCHEDULELENGTH, REFINEDREWARD,
+# COARSEREWARD, INTERMEDIATEREWARD =1) are read by the RLLA reward at call time.
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
@@ -34,14 +35,17 @@ CPU_JOB=(
   trainer.balance_batch=false trainer.log_val_generations=3 trainer.project_name=verl_cpu
 )
 
-# Sets BASE_MODEL, DATA_DIR, EMBEDDED (1 when the embedded default job is used) and COMMON (overrides of every
-# launch).
+# Sets BASE_MODEL, DATA_DIR, EMBEDDED (1 when the embedded default job is used), COMMON (overrides of every
+# launch) and RUN_SUFFIX ("_control" with CONTROL=1, for the launchers' experiment names).
 resolve_model_and_data() {
   if [ -z "${BASE_MODEL:-}" ]; then
     local work=${WORK_DIR:-outputs/default}
     local sft_steps=()
     [ -n "${SFT_STEPS:-}" ] && sft_steps=(--sft_steps "$SFT_STEPS")
-    "$PY" -m verl.trainer.prepare_default --out "$work" --seed "$SEED" "${sft_steps[@]}"
+    # OpenMP threads that sleep while they wait (as the trainer's CPU workers run): a spinning thread on a
+    # shared machine makes the SFT steps up to 10x slower (benchmarks/README.md, "OpenMP spinning")
+    OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" "$PY" -m verl.trainer.prepare_default --out "$work" --seed "$SEED" \
+      "${sft_steps[@]}"
     BASE_MODEL=$work/sft_model
     DATA_DIR=$work/data
     EMBEDDED=1
@@ -65,8 +69,17 @@ resolve_model_and_data() {
     actor_rollout_ref.model.path="$BASE_MODEL"
     "${PLACEMENT[@]}" trainer.logger=[console,tensorboard]
   )
+  RUN_SUFFIX=""  # appended to the experiment name (and so the run folder) of a control run
+  if [ "${CONTROL:-0}" = 1 ]; then
+    RUN_SUFFIX=_control
+    COMMON+=(reward.custom_reward_function.path=verl/utils/reward_score/control.py
+      reward.custom_reward_function.name=compute_score)
+  elif [ "${CONTROL:-0}" != 0 ]; then
+    echo "error: CONTROL=${CONTROL}; allowed: 1 (the reward-free control run) or 0 / unset" >&2
+    exit 1
+  fi
   if [ -n "${EXPERIMENT_NAME:-}" ]; then
-    COMMON+=(trainer.experiment_name="$EXPERIMENT_NAME")
+    COMMON+=(trainer.experiment_name="${EXPERIMENT_NAME}${RUN_SUFFIX}")
   fi
 }
 

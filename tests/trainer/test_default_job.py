@@ -2,8 +2,9 @@
 synthetic RLLA task and an SFT warm start, then runs GRPO through `main_ppo` (Ray, workers, reward by data_source).
 
 Shortened to SFT_STEPS SFT steps and GRPO_STEPS GRPO steps (fixed seed, offline); the test checks the launcher's
-summary (validation reward before and after, wall time), that the validation reward went up, and the plot and
-TensorBoard files. The full-length job's figures (3 seeds) are in the README.
+summary (validation reward before and after, sampled and greedy, wall time), that both the sampled and the greedy
+validation reward went up, and the plot and TensorBoard files. The full-length job's figures (3 seeds, with the
+reward-free control and TRL) are in the README.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SFT_STEPS = 100  # a weak warm start: the format is often wrong, which GRPO fixes in a few steps
 GRPO_STEPS = 12
+GREEDY_GAIN = 0.1  # of the greedy validation reward (one answer per prompt, do_sample=false)
 
 
 def test_shortened_main_job_learns_and_draws_its_plot(tmp_path):
@@ -62,6 +64,11 @@ def test_shortened_main_job_learns_and_draws_its_plot(tmp_path):
     assert match, out[-3000:]
     before, after = float(match.group(1)), float(match.group(2))
     assert after > before + 0.1, (before, after)  # the reward ranges over 7
+    greedy = re.search(r"rlla/reward/greedy: before (-?[\d.]+) -> after (-?[\d.]+)", out)
+    assert greedy, out[-3000:]
+    greedy_before, greedy_after = float(greedy.group(1)), float(greedy.group(2))
+    assert greedy_after > greedy_before + GREEDY_GAIN, (greedy_before, greedy_after)  # the model's best answer too
+    assert re.search(r"rlla/reward/mean@4: before -?[\d.]+ -> after -?[\d.]+", out)
     assert re.search(r"main job wall time \(prepare \+ train\): \d+m\d\ds", out)
 
     # one metrics line per step, validation at step 0 and at the end, the plot and TensorBoard events
@@ -70,6 +77,9 @@ def test_shortened_main_job_learns_and_draws_its_plot(tmp_path):
     assert train_steps == list(range(1, GRPO_STEPS + 1))
     val = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
     assert val[0] == pytest.approx(before, abs=1e-4) and val[GRPO_STEPS] == pytest.approx(after, abs=1e-4)
+    greedy_rows = {r["step"]: r["val-core/rlla/reward/greedy"] for r in rows if "val/reward/greedy" in r}
+    assert greedy_rows[0] == pytest.approx(greedy_before, abs=1e-4)
+    assert greedy_rows[GRPO_STEPS] == pytest.approx(greedy_after, abs=1e-4)
     plot = run_dir / "logs" / "curves.png"
     assert plot.is_file() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run_dir / "logs").rglob("events.out.tfevents.*"))

@@ -1,7 +1,9 @@
 """Prepare the embedded default job (used by train_grpo.sh / train_ppo.sh without BASE_MODEL):
 
 1. synthetic RLLA tool-calling records (the project's own generator), split into an SFT set, an RL
-   training set and an RL validation set that share no record;
+   training set and an RL validation set that share no record; the SFT targets are the imperfect
+   demonstrator's (`rlla_synthetic.demonstration`: 60% written for version 1 of the tools), the RL and
+   validation ground truths the right answers;
 2. a tiny Qwen2 model whose tokenizer is trained on that task's text;
 3. a short SFT warm start on the SFT set, saved in HF format as `<out>/sft_model`.
 
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import time
 
 import pandas as pd
 from omegaconf import OmegaConf
 
-from verl.utils.dataset.rlla_synthetic import corpus_texts, generate_records, records_to_rows
+from verl.utils.dataset.rlla_synthetic import corpus_texts, demonstration, generate_records, records_to_rows
 
 N_SFT, N_RL_TRAIN, N_RL_VAL = 1500, 2000, 128
 SFT_STEPS = 300  # ~3.5 min on 2 cores; fewer leaves the tool calls too broken for GRPO to find a reward signal
@@ -42,12 +45,13 @@ def prepare_data(out: str, seed: int) -> str:
         return data_dir
     records = generate_records(N_SFT + N_RL_TRAIN + N_RL_VAL, seed=seed)
     sft, rl_train, rl_val = records[:N_SFT], records[N_SFT : N_SFT + N_RL_TRAIN], records[N_SFT + N_RL_TRAIN :]
+    stale = random.Random(f"demonstrations-{seed}")  # which demonstrations are stale (rlla_synthetic.demonstration)
     sft_rows = [
         {
             "messages": [
                 {"role": "system", "content": r["instruction"]},
                 {"role": "user", "content": r["input"]},
-                {"role": "assistant", "content": r["output"]},
+                {"role": "assistant", "content": demonstration(r, stale)},
             ]
         }
         for r in sft

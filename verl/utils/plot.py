@@ -11,13 +11,15 @@ import json
 import os
 import sys
 
+# (title, keys): a panel draws the first of its keys the run logged, or, for the panels in DRAW_ALL, each of them
 PANELS = (
-    ("validation reward", ("val/reward/mean",)),
+    ("validation reward", ("val/reward/mean", "val/reward/greedy")),  # sampled answers' mean, greedy (val_greedy)
     ("training reward", ("critic/score/mean",)),
     ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),  # to the reference, else old -> new policy
     ("entropy", ("actor/entropy",)),
     ("response length", ("response_length/mean",)),
 )
+DRAW_ALL = ("validation reward",)
 
 
 def find_metrics_file(path: str) -> str:
@@ -61,15 +63,20 @@ def plot_run(path: str, out_png: str | None = None) -> str:
     out_png = out_png or os.path.join(os.path.dirname(metrics_file), "curves.png")
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
     for ax, (title, keys) in zip(axes, PANELS):
+        drawn = []
         for key in keys:
             steps, values = series(rows, key)
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
-                if len(keys) > 1:  # which of the panel's metrics this run logged
-                    title = f"{title} ({key})"
-                break
-        else:
+                drawn.append(key)
+                if title not in DRAW_ALL:
+                    break
+        if not drawn:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        elif len(drawn) > 1:
+            ax.legend(fontsize=7)
+        elif len(keys) > 1:  # which of the panel's metrics this run logged
+            title = f"{title} ({drawn[0]})"
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

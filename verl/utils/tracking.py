@@ -41,6 +41,7 @@ SUPPORTED_BACKENDS = (
 CONSOLE_KEYS = (
     "critic/score/mean",
     "val/reward/mean",
+    "val/reward/greedy",
     "actor/pg_loss",
     "actor/kl_loss",
     "actor/entropy",
@@ -51,6 +52,7 @@ CONSOLE_KEYS = (
 SHORT_NAMES = {
     "critic/score/mean": "score",
     "val/reward/mean": "val",
+    "val/reward/greedy": "val_greedy",
     "actor/pg_loss": "pg_loss",
     "actor/kl_loss": "kl",
     "actor/entropy": "entropy",

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from verl.trainer.ppo.metric_utils import (
+    process_greedy_validation_metrics,
     process_validation_metrics,
     reduce_metrics,
     select_generations,
@@ -70,6 +71,18 @@ def test_validation_groups_by_uid_and_prefers_acc_as_core():
     assert m["val-aux/math/reward/std@2"] == pytest.approx(0.0)  # each prompt's samples agree
     assert m["val-core/math/acc/best@2/mean"] == pytest.approx(0.5)
     assert m["val-core/math/acc/maj@2/mean"] == pytest.approx(0.5)
+
+
+def test_greedy_validation_metrics_per_source_with_core_and_aux_names():
+    sources = ["rlla", "rlla", "math"]
+    m = process_greedy_validation_metrics(sources, [2.0, -1.0, 1.0], {"format": [1, 0, 1], "pred": ["a", "b", "c"]})
+    assert m["val-core/rlla/reward/greedy"] == pytest.approx(0.5)
+    assert m["val-core/math/reward/greedy"] == pytest.approx(1.0)
+    assert m["val-aux/rlla/format/greedy"] == pytest.approx(0.5)
+    assert m["val/reward/greedy"] == pytest.approx(2.0 / 3)
+    assert not any("pred" in key for key in m)
+    with_acc = process_greedy_validation_metrics(["math"] * 2, [1.0, 0.0], {"acc": [1, 0]})
+    assert with_acc["val-core/math/acc/greedy"] == 0.5 and with_acc["val-aux/math/reward/greedy"] == 0.5
 
 
 def test_select_generations_takes_first_sample_of_first_prompts():

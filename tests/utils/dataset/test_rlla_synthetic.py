@@ -128,3 +128,33 @@ def test_ground_truth_earns_the_full_reward(records, monkeypatch):
         assert fmt == 1.0
         assert correctness == (3.0 if "<tool_call>" in r["output"] else 0.0)
         assert score == fmt + correctness + length
+
+
+def test_stale_demonstrations_are_version_1_answers_the_reward_scores_lower(records, monkeypatch):
+    import random
+
+    from verl.utils.dataset.rlla_synthetic import P_STALE, V1_PARAM_NAMES, demonstration
+    from verl.utils.reward_score import rlla
+
+    for flag in rlla.FLAG_NAMES:
+        monkeypatch.delenv(flag, raising=False)
+    rng, stale, calls = random.Random(0), 0, 0
+    for r in records:
+        demo = demonstration(r, rng)
+        if "<tool_call>" not in r["output"]:
+            assert demo == r["output"]  # a <response> answer is never stale
+            continue
+        calls += 1
+        if demo == r["output"]:
+            continue
+        stale += 1
+        assert TOOL_ONLY.search(demo) and rlla.compute_score(demo, r["output"])[1] == 1.0  # the format is right
+        assert rlla.compute_score(demo, r["output"])[0] < rlla.compute_score(r["output"], r["output"])[0]
+        for right, old in zip(calls_of(r["output"]), calls_of(demo)):
+            if right["name"] == "get_forecast":
+                assert old["name"] == "get_weather" and "get_weather" in demo.split("</think>")[0]
+                assert old["parameters"] == {"location": right["parameters"]["city"]}
+                continue
+            assert old["name"] == right["name"]
+            assert old["parameters"] == {V1_PARAM_NAMES[k]: str(v) for k, v in right["parameters"].items()}
+    assert abs(stale / calls - P_STALE) < 0.05

@@ -275,6 +275,33 @@ def process_validation_metrics(
     return metrics
 
 
+def process_greedy_validation_metrics(
+    data_sources: list[str], scores: list[float], extra: dict[str, list] | None = None
+) -> dict[str, float]:
+    """Metrics of one greedy answer per validation prompt (`trainer.val_greedy`), beside the sampled ones:
+
+    - `val-core/{data_source}/{var}/greedy` for the headline variable (`acc` if the reward gives it, else
+      `reward`) and `val-aux/{data_source}/{var}/greedy` for every other numeric field of `extra`: the mean over
+      the data source's prompts;
+    - `val/reward/greedy`: the mean score over all prompts.
+    """
+    variables: dict[str, list[Any]] = {"reward": [float(s) for s in scores]}
+    for name, values in (extra or {}).items():
+        if len(values) == len(scores) and name not in ("reward", "pred") and any(_numeric(v) for v in values):
+            variables[name] = list(values)
+    core_var = "acc" if "acc" in variables else "reward"
+    metrics: dict[str, float] = {}
+    for source in dict.fromkeys(data_sources):
+        rows = [i for i, s in enumerate(data_sources) if s == source]
+        for var, values in variables.items():
+            kept = [float(values[i]) for i in rows if _numeric(values[i]) and math.isfinite(float(values[i]))]
+            if kept:
+                section = "val-core" if var == core_var else "val-aux"
+                metrics[f"{section}/{source}/{var}/greedy"] = float(np.mean(kept))
+    metrics["val/reward/greedy"] = float(np.mean(scores)) if len(scores) else float("nan")
+    return metrics
+
+
 def select_generations(inputs: list[str], outputs: list[str], scores: list[float], n: int, count: int) -> list[dict]:
     """The first sample of each of the first `count` prompts (the same prompts at every validation), as rows
     {input, output, score} for the generations table."""

@@ -38,6 +38,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     compute_val_correct_metrics,
     marked_timer,
+    process_greedy_validation_metrics,
     process_validation_metrics,
     reduce_metrics,
     select_generations,
@@ -258,10 +259,15 @@ class RayPPOTrainer:
     def _validate(self) -> dict[str, float]:
         """Generate `val_kwargs.n` answers per validation prompt, score them, and return verl's validation
         metrics (see `process_validation_metrics`); the first few generations are kept in
-        `self.val_generations` for the table `Tracking.log_generations` writes."""
+        `self.val_generations` for the table `Tracking.log_generations` writes. With `trainer.val_greedy`, also
+        one greedy answer per prompt (`process_greedy_validation_metrics`; taken from the sampled pass when
+        `val_kwargs.do_sample` is false)."""
         if self.val_dataset is None or self.val_reward_fn is None:
             return {}
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
+        greedy_pass = bool(self.config.trainer.get("val_greedy", False))
+        sampled = bool(self.config.actor_rollout_ref.rollout.val_kwargs.do_sample)
+        greedy_sources, greedy_scores, greedy_extras = [], [], {}
         rows = list(range(len(self.val_dataset)))
         if (self.config.data.get("val_max_samples") or -1) > 0:  # verl: -1 = all
             rows = rows[: int(self.config.data.val_max_samples)]
@@ -271,6 +277,15 @@ class RayPPOTrainer:
         chunks = [rows[start : start + bs] for start in range(0, len(rows), bs)]
         loaded = load_batches(self.val_dataset, chunks, self.collate_fn, self.num_workers)
         for start, data in zip(range(0, len(rows), bs), loaded):
+            if greedy_pass and sampled:  # one greedy answer per prompt, scored by the same reward
+                greedy = self._score_with_reward_model(
+                    self._generate(DataProto.from_single_dict(data), validate=True, seed=0, do_sample=False)
+                )
+                reward_tensor, extra = compute_reward(greedy, self.val_reward_fn)
+                greedy_scores.extend(reward_tensor.sum(-1).tolist())
+                greedy_sources.extend(list(greedy.non_tensor_batch.get("data_source", ["unknown"] * len(greedy))))
+                for key, values in (extra or {}).items():
+                    greedy_extras.setdefault(key, []).extend(list(values))
             batch = DataProto.from_single_dict(data).repeat(n, interleave=True)
             batch = self._score_with_reward_model(self._generate(batch, validate=True, seed=10**6 + start))
             reward_tensor, extra = compute_reward(batch, self.val_reward_fn)
@@ -291,6 +306,12 @@ class RayPPOTrainer:
         generation_dump.dump_validation(self.config.trainer, inputs, outputs, gts, scores, extras, self.global_steps)
         metrics = process_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
         metrics.update(compute_val_correct_metrics(tags, scores, thresholds))  # val_correct/{all,<tag>}/mean
+        if greedy_pass and not sampled:  # the n answers are greedy ones: the first of each prompt
+            first = range(0, len(scores), n)
+            greedy_sources, greedy_scores = [sources[i] for i in first], [scores[i] for i in first]
+            greedy_extras = {k: [v[i] for i in first] for k, v in extras.items() if len(v) == len(scores)}
+        if greedy_pass:
+            metrics.update(process_greedy_validation_metrics(greedy_sources, greedy_scores, greedy_extras))
         return metrics
 
     # ---------------------------------------------------------------- checkpoints
@@ -551,6 +572,7 @@ class RayPPOTrainer:
             if self.val_reward_fn is not None and cfg.trainer.val_before_train and (self.global_steps == 0 or val_only):
                 val = self._validate()
                 summary["val_before"] = val.get("val/reward/mean")
+                summary["val_core_before"] = {k: v for k, v in val.items() if k.startswith("val-core/")}
                 logger.log(val, step=self.global_steps)
                 logger.log_generations(self.val_generations, step=self.global_steps)
             last_val = val if val_only else self._train_loop(logger, bar, summary)  # val_only: validate and exit
@@ -564,6 +586,7 @@ class RayPPOTrainer:
                 "steps": self.global_steps,
                 "wall_time_s": round(time.time() - start_time, 1),
                 "val_after": last_val.get("val/reward/mean"),
+                "val_core_after": {k: v for k, v in last_val.items() if k.startswith("val-core/")},
             }
         )
         try:
@@ -596,9 +619,13 @@ def _mean_metric(key: str, values) -> dict[str, float]:
 def print_summary(summary: dict[str, Any]) -> None:
     lines = ["", "=" * 60, "training finished"]
     before, after = summary.get("val_before"), summary.get("val_after")
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
     if before is not None or after is not None:
-        fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
         lines.append(f"validation reward: before {fmt(before)} -> after {fmt(after)}")
+    core_before, core_after = summary.get("val_core_before") or {}, summary.get("val_core_after") or {}
+    for key in dict.fromkeys([*core_before, *core_after]):  # per data source: sampled mean@n, best@n, greedy
+        name = key.removeprefix("val-core/")
+        lines.append(f"  {name}: before {fmt(core_before.get(key))} -> after {fmt(core_after.get(key))}")
     lines.append(f"steps: {summary.get('steps')}   wall time: {summary.get('wall_time_s')} s")
     lines.append(f"logs (tensorboard, metrics.jsonl): {summary.get('log_dir')}")
     lines.append(f"plot: {summary.get('plot')}")

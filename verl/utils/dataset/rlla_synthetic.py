@@ -16,6 +16,10 @@ tokens). The headroom the reward can measure: picking the right tool among sever
 names (three take a `city`), copying values exactly (integers as JSON numbers), making one or two calls in
 the order asked, and answering with `<response>` when the needed tool is not in the catalogue.
 
+`demonstration(record, rng)` gives the SFT target of a record as the default job's imperfect demonstrator writes
+it: with probability P_STALE, the answer for version 1 of the tools (other parameter names, integers as strings,
+no get_forecast), which the reward scores below the right one. See the section "imperfect demonstrations".
+
 Deterministic: the same `(n, seed)` gives the same records on every platform (only `random.Random` is used).
 Layer 4 (`verl/utils/dataset`): standard library only.
 """
@@ -27,7 +31,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["TOOLS", "generate_records", "corpus_texts", "P_RESPONSE", "P_TWO_CALLS"]
+__all__ = ["TOOLS", "generate_records", "corpus_texts", "demonstration", "P_RESPONSE", "P_STALE", "P_TWO_CALLS"]
 
 # Share of records whose needed tool is missing from the catalogue (answer with <response>), and of
 # records asking for two calls; the rest ask for one call.
@@ -268,6 +272,49 @@ def generate_records(n: int, seed: int = 0) -> list[dict[str, str]]:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     rng = random.Random(seed)
     return [_record(rng) for _ in range(n)]
+
+
+# ------------------------------------------------------------------------------- imperfect demonstrations
+# The default job's SFT demonstrations are partly stale: a share P_STALE (> 0.5) of them was written for version 1
+# of the tools, whose parameters had other names (V1_PARAM_NAMES), which took integers as strings, and which had no
+# get_forecast (a forecast request went to get_weather, V1_TOOLS). The catalogue in every prompt and the reward's
+# ground truths are version 2. So the most likely answer of a model that imitates the demonstrations is the
+# version-1 one, while the version-2 one keeps a fair share of the probability for RL to sample and reinforce.
+P_STALE = 0.6
+V1_PARAM_NAMES = {
+    "city": "location", "days": "num_days", "amount": "value", "from_currency": "source_currency",
+    "to_currency": "target_currency", "text": "phrase", "target_language": "language", "to": "recipient",
+    "subject": "title", "symbol": "ticker", "cuisine": "food", "task": "note", "time": "at_time",
+    "weight_kg": "weight", "height_cm": "height", "origin": "from_city", "destination": "to_city",
+    "date": "departure_date", "topic": "category", "count": "limit",
+}  # fmt: skip
+V1_TOOLS = {"get_forecast": "get_weather"}
+_TOOLS_BY_NAME = {tool.name: tool for tool in TOOLS}
+
+
+def _v1_call(call: dict) -> dict:
+    name, params = call["name"], dict(call["parameters"])
+    if name in V1_TOOLS:  # the version-1 tool takes the parameters it shares with the version-2 one
+        name = V1_TOOLS[name]
+        params = {p.name: params[p.name] for p in _TOOLS_BY_NAME[name].params if p.name in params}
+    params = {V1_PARAM_NAMES.get(k, k): str(v) if isinstance(v, int) else v for k, v in params.items()}
+    return {"name": name, "parameters": params}
+
+
+def demonstration(record: dict[str, str], rng: random.Random, p_stale: float = P_STALE) -> str:
+    """The SFT target of `record`: its right (version-2) output, or with probability `p_stale` (one draw from
+    `rng`) the version-1 one: every call through `V1_TOOLS` (in the think too) and `V1_PARAM_NAMES`, integers
+    written as strings ("7", which the reward does not count as equal to 7). A `<response>` answer is kept."""
+    output = record["output"]
+    if "<tool_call>" not in output or rng.random() >= p_stale:
+        return output
+    think, block = output.split("\n<tool_call>\n")
+    calls = [json.loads(line) for line in block.removesuffix("\n</tool_call>").split("\n")]
+    stale = [_v1_call(call) for call in calls]
+    for before, after in zip(calls, stale):
+        think = think.replace(before["name"], after["name"])
+    lines = "\n".join(json.dumps(call) for call in stale)
+    return f"{think}\n<tool_call>\n{lines}\n</tool_call>"
 
 
 def corpus_texts(n: int, seed: int = 0) -> Iterator[str]:
