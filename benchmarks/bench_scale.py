@@ -12,7 +12,9 @@ Printed per configuration: s/step, generation and step tokens/s, the phases, the
 run (the driver, each worker, each of Ray's daemons; a thread of this script samples them every 2 s), and, per
 rank, the RSS before the weight sync and its peak during the sync (`system/actor_rollout_rank{r}/weight_sync_*`,
 sampled every 2 ms inside the worker), next to the sizes that bound it: the rank's FSDP shard, the rollout copy and
-one bucket (the `hf` engine receives one gathered tensor at a time: the largest is the tied embedding).
+one bucket (the `hf` engine receives one gathered tensor at a time: the largest is the tied embedding). When the
+rollout runs in the actor's dtype (float32 here) the `hf` engine generates with the actor's own FSDP2 module, so
+there is no rollout copy and no sync, and the script says so.
 
 Usage (from the repository root):
     python benchmarks/bench_scale.py                           # 2 then 1 workers, 2 steps each (hours on 2 cores)
@@ -302,6 +304,8 @@ def print_table(summaries: list[dict]) -> None:
             f"{w} worker(s): per rank, float32: shard {z['shard_mb']:.0f} MB (one model), rollout copy "
             f"{z['rollout_copy_mb']:.0f} MB, one bucket (hf: one tensor, the largest) {z['largest_tensor_mb']:.0f} MB"
         )
+        if not s["weight_sync"]:  # the hf engine in the actor's dtype generates with the actor's FSDP2 module
+            print(f"{w} worker(s): no weight sync: the rollout generates with the actor's own module (no copy)")
         for rank, m in s["weight_sync"].items():
             print(
                 f"{w} worker(s): rank {rank} weight sync: RSS before {m['rss_before_mb']:.0f} MB, peak "
