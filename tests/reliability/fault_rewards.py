@@ -122,3 +122,15 @@ def tree_hashes(root: str | None) -> dict[str, str]:
             with open(path, "rb") as f:
                 hashes[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return hashes
+
+
+class KillDriverAfterSave:
+    """A `trainer.checkpoint_callback_class` whose `on_save` SIGKILLs the driver once the checkpoint of step
+    $KILL_DRIVER_AFTER_SAVE_STEP is committed: after the commit, before the step's line reaches the log."""
+
+    def __init__(self, config=None):
+        self.config = config
+
+    def on_save(self, trainer, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs) -> None:
+        if os.environ.get("KILL_DRIVER_AFTER_SAVE_STEP") == str(global_step):
+            os.kill(os.getpid(), signal.SIGKILL)

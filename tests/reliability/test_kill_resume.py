@@ -4,7 +4,9 @@ checkpoint and end with the reference run's final weights, optimizer state and e
 for bit (CPU kernels are deterministic here; wall-clock and memory metrics `timing_*`, `perf/*`, `system/*` are not compared).
 
 Moments: mid-step (the reward of step 3 SIGKILLs the driver: after generation, before the update), while
-the actor of step 2 is being written into its staging folder (a file watch fires the kill), and a random
+the actor of step 2 is being written into its staging folder (a file watch fires the kill), right after the
+checkpoint of step 2 is committed and before step 2's metrics are logged (a checkpoint callback fires the kill;
+the resumed run logs them from the checkpoint), and a random
 moment within about 3.5 steps after the first checkpoint (seeded; the seed is printed, KILL_SEED=<seed>
 replays it). At the moment of the kill the test checks
 that a half-written checkpoint is not taken as the latest and that the older checkpoint survived retention
@@ -41,7 +43,7 @@ from verl.trainer.ppo import checkpoint as ckpt
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-MOMENTS = ("mid_step_3", "checkpoint_write_step_2", "random_moment")
+MOMENTS = ("mid_step_3", "checkpoint_write_step_2", "after_commit_step_2", "random_moment")
 
 
 def _wait_for(proc, fire, timeout_s: float = 300.0) -> bool:
@@ -67,9 +69,16 @@ def _start_and_kill(moment: str, ref, run_dir: Path, tmp_path: Path, tag: str) -
     checkpoint must be the latest afterwards (None when the moment is random) and the pids killed after it."""
     args, log = ref.args(run_dir), tmp_path / "killed_run.log"
     env = {"KILL_DRIVER_AT_STEP": "3"} if moment == "mid_step_3" else {}
+    if moment == "after_commit_step_2":  # the checkpoint callback kills the driver before the step is logged
+        args = ref.args(run_dir, "trainer.checkpoint_callback_class=fault_rewards.KillDriverAfterSave")
+        reliability = str(Path(__file__).resolve().parent)
+        env = {
+            "KILL_DRIVER_AFTER_SAVE_STEP": "2",
+            "PYTHONPATH": os.pathsep.join(filter(None, [reliability, os.environ.get("PYTHONPATH")])),
+        }
     proc = start_ppo(args, tmp_path, tag, log, **env)
     tree = ProcessTree(proc.pid)
-    expected_latest = {"mid_step_3": 2, "checkpoint_write_step_2": 1}.get(moment)
+    expected_latest = {"mid_step_3": 2, "checkpoint_write_step_2": 1, "after_commit_step_2": 2}.get(moment)
     if moment == "checkpoint_write_step_2":
         actor_dir = Path(ckpt.staging_dir(str(run_dir), 2)) / "actor"
         assert _kill_when(proc, lambda: actor_dir.is_dir() and any(actor_dir.iterdir())), log.read_text()[-3000:]
@@ -121,6 +130,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(moment, reference_run, tm
     if moment == "checkpoint_write_step_2":
         staging = ckpt.staging_dir(str(run_dir), 2)
         assert os.path.isdir(staging) and not ckpt.is_complete(staging)
+    if moment == "after_commit_step_2":  # the log lacks step 2: the resumed run must write it from the checkpoint
+        assert sorted(step_metrics(run_dir)) == [1]
 
     resume_tag = uuid.uuid4().hex
     proc = run_ppo(ref.args(run_dir), cwd=tmp_path, tag=resume_tag)

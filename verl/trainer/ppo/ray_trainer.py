@@ -7,6 +7,7 @@ Layer 8: calls the algorithm maths in core_algos and the workers through their w
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -315,7 +316,19 @@ class RayPPOTrainer:
         return metrics
 
     # ---------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self) -> str:
+    def _step_record(self, metrics: dict[str, Any], timing: dict[str, float], epoch: int) -> dict[str, Any]:
+        """The step's line of the log: its metrics plus timing, throughput and system metrics."""
+        record = dict(metrics)
+        record.update(compute_timing_metrics(self._last_batch, timing))
+        record.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
+        record.update(self._system_metrics())
+        record["training/epoch"] = epoch
+        return record
+
+    def _save_checkpoint(self, step_metrics: dict[str, Any] | None = None) -> str:
+        """Save the actor (and critic) and the trainer's state into a staging folder, then commit it. `step_metrics`
+        (the step's log line) is kept in the state, so a run killed after the commit but before the line reached the
+        log gets it back when it resumes (`_restore_lost_step_metrics`)."""
         root = self.run_dir
         staging = ckpt.begin_checkpoint(root, self.global_steps)
         save_hf = "hf_model" in list(self.config.actor_rollout_ref.actor.checkpoint.get("save_contents", []))
@@ -336,12 +349,29 @@ class RayPPOTrainer:
             "kl_coef": None if self.kl_ctrl_in_reward is None else self.kl_ctrl_in_reward.value,
             "domain_sampler": None if self.domain_sampler is None else self.domain_sampler.state_dict(),
             "rlvr": None if self.rlvr is None else self.rlvr.state_dict(),  # running reward moments per domain
+            "step_metrics": step_metrics,
         }
         torch.save(state, os.path.join(staging, "trainer_state.pt"))
         keep_actor, keep_critic = ckpt.retention_limits(self.config.trainer)
         final = ckpt.commit_checkpoint(root, self.global_steps, max_to_keep=keep_actor, max_critic_to_keep=keep_critic)
         self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=final)
         return final
+
+    def _restore_lost_step_metrics(self, logger: Tracking, log_dir: str) -> None:
+        """Log the resumed step's metrics again when `<log_dir>/metrics.jsonl` lacks them: the run that saved the
+        checkpoint died between committing it and writing the step's line."""
+        record = getattr(self, "_resumed_step_metrics", None)
+        path = os.path.join(log_dir, "metrics.jsonl")
+        if not record or not os.path.isfile(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    if json.loads(line).get("step") == self.global_steps:
+                        return
+                except json.JSONDecodeError:  # a line cut by the kill
+                    continue
+        logger.log(record, step=self.global_steps)
 
     def _load_checkpoint(self) -> str | None:
         mode = self.config.trainer.resume_mode
@@ -367,6 +397,7 @@ class RayPPOTrainer:
         self.global_steps = state["global_steps"]
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
         self.nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
+        self._resumed_step_metrics = state.get("step_metrics")
         if self.kl_ctrl_in_reward is not None and state.get("kl_coef") is not None:
             self.kl_ctrl_in_reward.value = state["kl_coef"]
         if self.domain_sampler is not None and state.get("domain_sampler") is not None:
@@ -533,18 +564,17 @@ class RayPPOTrainer:
                     metrics.update(last_val)
                     logger.log_generations(self.val_generations, step=self.global_steps)
                 expiring = ckpt.esi_save_due(cfg.trainer, self.max_steps_duration)  # verl's ESI: save before expiry
+                record = self._step_record(metrics, timing, epoch)
                 if (
                     save_freq is not None
                     and save_freq >= 0
                     and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last or expiring)
                 ):
-                    with marked_timer("save_checkpoint", timing):
-                        summary["last_checkpoint"] = self._save_checkpoint()
-                metrics.update(compute_timing_metrics(self._last_batch, timing))
-                metrics.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
-                metrics.update(self._system_metrics())
-                metrics["training/epoch"] = epoch
-                logger.log(metrics, step=self.global_steps)
+                    with marked_timer("save_checkpoint", timing):  # keeps the step's record (all but its own time)
+                        summary["last_checkpoint"] = self._save_checkpoint(record)
+                    record.update(compute_timing_metrics(self._last_batch, timing))
+                    record.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
+                logger.log(record, step=self.global_steps)
                 bar.update(1)
                 if is_last:
                     break
@@ -566,6 +596,8 @@ class RayPPOTrainer:
         start_time = time.time()
         try:
             resumed_from = self._load_checkpoint()
+            if resumed_from is not None:
+                self._restore_lost_step_metrics(logger, log_dir)
             bar.update(self.global_steps)
             summary: dict[str, Any] = {"resumed_from": resumed_from, "log_dir": log_dir, "run_dir": self.run_dir}
             val, val_only = {}, bool(cfg.trainer.get("val_only", False) and cfg.trainer.val_before_train)
