@@ -125,6 +125,17 @@ OURS_VARIANT_ENV: dict[str, dict[str, str]] = {"ours-ray_nice15": {"RAY_worker_n
 
 
 # ------------------------------------------------------------------------------------------------ set-up
+def tokenizer_corpus() -> list[str]:
+    """The texts a bench model's tokenizer is trained on: every GSM8K train question and answer, and the
+    instruction."""
+    corpus = []
+    with open(GSM8K_TRAIN, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            corpus += [record["question"], record["answer"]]
+    return corpus + [INSTRUCTION]
+
+
 def gsm8k_rows(tokenizer, limit: int = NUM_PROMPTS) -> list[dict]:
     """The first `limit` GSM8K train records whose chat-templated prompt fits in MAX_PROMPT_LEN tokens."""
     from verl.utils.reward_score.gsm8k import extract_ground_truth
@@ -168,12 +179,7 @@ def prepare(workdir: str, model_size: str = "s") -> dict[str, str]:
     model_dir = os.path.join(workdir, "model" if model_size == "s" else f"model_{model_size}")
     data_path = os.path.join(workdir, "train.parquet")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        corpus = []
-        with open(GSM8K_TRAIN, encoding="utf-8") as f:
-            for line in f:
-                record = json.loads(line)
-                corpus += [record["question"], record["answer"]]
-        tiny.build_tiny_model(model_dir, size=model_size, seed=0, corpus=corpus + [INSTRUCTION])
+        tiny.build_tiny_model(model_dir, size=model_size, seed=0, corpus=tokenizer_corpus())
     if not os.path.isfile(data_path):
         rows = gsm8k_rows(AutoTokenizer.from_pretrained(model_dir))
         pq.write_table(pa.Table.from_pylist(rows), data_path)

@@ -39,7 +39,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_grpo import GSM8K_TRAIN, INSTRUCTION, REPO_ROOT, gsm8k_rows  # noqa: E402  (benchmarks/ is not a package)
+from bench_grpo import REPO_ROOT, gsm8k_rows  # noqa: E402  (benchmarks/ is not a package)
+from bench_runs import tokenizer_corpus  # noqa: E402
 from tree_memory import TreeMemory  # noqa: E402
 
 THREADS = 2  # the machine's cores: one worker gets both, two workers one each
@@ -64,12 +65,7 @@ def prepare(workdir: str, size: str, num_prompts: int) -> dict[str, str]:
     model_dir = os.path.join(workdir, f"model_{size}")
     data_path = os.path.join(workdir, f"train_{size}_{num_prompts}.parquet")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        corpus = []
-        with open(GSM8K_TRAIN, encoding="utf-8") as f:
-            for line in f:
-                record = json.loads(line)
-                corpus += [record["question"], record["answer"]]
-        build_tiny_model(model_dir + ".tmp", size=size, seed=0, corpus=corpus + [INSTRUCTION])
+        build_tiny_model(model_dir + ".tmp", size=size, seed=0, corpus=tokenizer_corpus())
         os.replace(model_dir + ".tmp", model_dir)  # a cut build is never taken for a finished one
     if not os.path.isfile(data_path):
         rows = gsm8k_rows(AutoTokenizer.from_pretrained(model_dir), limit=num_prompts)
