@@ -1,6 +1,6 @@
 """The PPO driver: `Role`, `ResourcePoolManager` and `RayPPOTrainer.fit`, which runs the step of
 DESIGN.md (generate -> reward -> log-probs -> advantages -> critic/actor updates) over colocated
-worker groups, with validation, metrics, checkpoint/resume and a final summary.
+worker groups, with validation (validation.py), metrics, checkpoint/resume and a final summary.
 
 Layer 8: calls the algorithm maths in core_algos and the workers through their worker groups.
 """
@@ -27,7 +27,7 @@ from verl.single_controller.ray import (
     RayWorkerGroup,
     create_colocated_worker_cls,
 )
-from verl.trainer.ppo import async_rollout, core_algos, failures, generation_dump, rlvr, run_options
+from verl.trainer.ppo import async_rollout, core_algos, failures, generation_dump, rlvr, run_options, validation
 from verl.trainer.ppo import checkpoint as ckpt
 from verl.trainer.ppo import rollout_corr_helper as corr_helper
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
@@ -37,12 +37,8 @@ from verl.trainer.ppo.metric_utils import (
     compute_gdpo_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
-    compute_val_correct_metrics,
     marked_timer,
-    process_greedy_validation_metrics,
-    process_validation_metrics,
     reduce_metrics,
-    select_generations,
 )
 from verl.trainer.ppo.resource_pool import ResourcePoolManager, Role
 from verl.trainer.ppo.reward import compute_reward
@@ -54,7 +50,7 @@ from verl.trainer.ppo.utils import (
     reward_model_section,
 )
 from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
-from verl.utils.dataset.prompt_loader import iter_train_batches, load_batches
+from verl.utils.dataset.prompt_loader import iter_train_batches
 from verl.utils.seqlen_balancing import balance_batch
 from verl.utils.system_metrics import prefixed, process_metrics
 from verl.utils.tracking import Tracking
@@ -258,62 +254,9 @@ class RayPPOTrainer:
 
     # ---------------------------------------------------------------- validation
     def _validate(self) -> dict[str, float]:
-        """Generate `val_kwargs.n` answers per validation prompt, score them, and return verl's validation
-        metrics (see `process_validation_metrics`); the first few generations are kept in
-        `self.val_generations` for the table `Tracking.log_generations` writes. With `trainer.val_greedy`, also
-        one greedy answer per prompt (`process_greedy_validation_metrics`; taken from the sampled pass when
-        `val_kwargs.do_sample` is false)."""
-        if self.val_dataset is None or self.val_reward_fn is None:
-            return {}
-        n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n)
-        greedy_pass = bool(self.config.trainer.get("val_greedy", False))
-        sampled = bool(self.config.actor_rollout_ref.rollout.val_kwargs.do_sample)
-        greedy_sources, greedy_scores, greedy_extras = [], [], {}
-        rows = list(range(len(self.val_dataset)))
-        if (self.config.data.get("val_max_samples") or -1) > 0:  # verl: -1 = all
-            rows = rows[: int(self.config.data.val_max_samples)]
-        bs = self.config.data.val_batch_size or len(rows)
-        sources, scores, uids, inputs, outputs, extras, gts = [], [], [], [], [], {}, []
-        tag_key, tags, thresholds = self.config.data.get("val_tag_key") or "data_source", [], []
-        chunks = [rows[start : start + bs] for start in range(0, len(rows), bs)]
-        loaded = load_batches(self.val_dataset, chunks, self.collate_fn, self.num_workers)
-        for start, data in zip(range(0, len(rows), bs), loaded):
-            if greedy_pass and sampled:  # one greedy answer per prompt, scored by the same reward
-                greedy = self._score_with_reward_model(
-                    self._generate(DataProto.from_single_dict(data), validate=True, seed=0, do_sample=False)
-                )
-                reward_tensor, extra = compute_reward(greedy, self.val_reward_fn)
-                greedy_scores.extend(reward_tensor.sum(-1).tolist())
-                greedy_sources.extend(list(greedy.non_tensor_batch.get("data_source", ["unknown"] * len(greedy))))
-                for key, values in (extra or {}).items():
-                    greedy_extras.setdefault(key, []).extend(list(values))
-            batch = DataProto.from_single_dict(data).repeat(n, interleave=True)
-            batch = self._score_with_reward_model(self._generate(batch, validate=True, seed=10**6 + start))
-            reward_tensor, extra = compute_reward(batch, self.val_reward_fn)
-            scores.extend(reward_tensor.sum(-1).tolist())
-            sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
-            uids.extend(start + i // n for i in range(len(batch)))
-            tags.extend(batch.non_tensor_batch.get(tag_key, np.array(["unknown"] * len(batch))).tolist())
-            thresholds.extend(rlvr.val_thresholds(self.config, batch))
-            inputs.extend(self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
-            outputs.extend(_decode_responses(self.tokenizer, batch))
-            gts.extend(generation_dump.ground_truths(batch))
-            for key, values in (extra or {}).items():
-                extras.setdefault(key, []).extend(list(values))
-        # majority votes: the reward's extracted answer (`pred`) when it gives one, else the response text
-        votes = extras.get("pred") if len(extras.get("pred", [])) == len(scores) else [o.strip() for o in outputs]
-        count = int(self.config.trainer.get("log_val_generations", 0) or 0)
-        self.val_generations = select_generations(inputs, outputs, scores, n, count)
-        generation_dump.dump_validation(self.config.trainer, inputs, outputs, gts, scores, extras, self.global_steps)
-        metrics = process_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
-        metrics.update(compute_val_correct_metrics(tags, scores, thresholds))  # val_correct/{all,<tag>}/mean
-        if greedy_pass and not sampled:  # the n answers are greedy ones: the first of each prompt
-            first = range(0, len(scores), n)
-            greedy_sources, greedy_scores = [sources[i] for i in first], [scores[i] for i in first]
-            greedy_extras = {k: [v[i] for i in first] for k, v in extras.items() if len(v) == len(scores)}
-        if greedy_pass:
-            metrics.update(process_greedy_validation_metrics(greedy_sources, greedy_scores, greedy_extras))
-        return metrics
+        """verl's validation pass: n sampled answers per validation prompt (and a greedy one with
+        `trainer.val_greedy`), scored; the metrics `validation.validate` returns."""
+        return validation.validate(self)
 
     # ---------------------------------------------------------------- checkpoints
     def _step_record(self, metrics: dict[str, Any], timing: dict[str, float], epoch: int) -> dict[str, Any]:
@@ -627,17 +570,8 @@ class RayPPOTrainer:
             summary["plot"] = plot_run(log_dir)
         except Exception as e:  # a plot must never cost a finished run
             summary["plot"] = f"not drawn: {e}"
-        print_summary(summary)
+        validation.print_summary(summary)
         return summary
-
-
-def _decode_responses(tokenizer, batch: DataProto) -> list[str]:
-    """Each response's text up to its mask (eos and padding dropped)."""
-    lengths = batch.batch["response_mask"].sum(-1).tolist()
-    return [
-        tokenizer.decode(ids[: int(length)], skip_special_tokens=True)
-        for ids, length in zip(batch.batch["responses"], lengths)
-    ]
 
 
 def _mean_metric(key: str, values) -> dict[str, float]:
@@ -646,22 +580,3 @@ def _mean_metric(key: str, values) -> dict[str, float]:
     ]
     nums = [v for v in nums if math.isfinite(v)]
     return {f"{key}/mean": float(np.mean(nums))} if nums else {}
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    lines = ["", "=" * 60, "training finished"]
-    before, after = summary.get("val_before"), summary.get("val_after")
-    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    if before is not None or after is not None:
-        lines.append(f"validation reward: before {fmt(before)} -> after {fmt(after)}")
-    core_before, core_after = summary.get("val_core_before") or {}, summary.get("val_core_after") or {}
-    for key in dict.fromkeys([*core_before, *core_after]):  # per data source: sampled mean@n, best@n, greedy
-        name = key.removeprefix("val-core/")
-        lines.append(f"  {name}: before {fmt(core_before.get(key))} -> after {fmt(core_after.get(key))}")
-    lines.append(f"steps: {summary.get('steps')}   wall time: {summary.get('wall_time_s')} s")
-    lines.append(f"logs (tensorboard, metrics.jsonl): {summary.get('log_dir')}")
-    lines.append(f"plot: {summary.get('plot')}")
-    if summary.get("last_checkpoint"):
-        lines.append(f"last checkpoint: {summary['last_checkpoint']}")
-    lines.append("=" * 60)
-    print("\n".join(lines), flush=True)
