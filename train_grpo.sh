@@ -18,12 +18,12 @@ if [ "$EMBEDDED" = 1 ]; then
     data.max_prompt_length=384 data.max_response_length=100 data.train_batch_size=8
     actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=8
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64
-    actor_rollout_ref.actor.optim.lr=1e-4 actor_rollout_ref.actor.use_kl_loss=false
+    actor_rollout_ref.actor.optim.lr=2e-4 actor_rollout_ref.actor.use_kl_loss=false
     actor_rollout_ref.rollout.calculate_log_probs=true actor_rollout_ref.actor.recompute_old_log_prob=false
     actor_rollout_ref.model.share_prompt_prefix=true
     actor_rollout_ref.rollout.val_kwargs.n=4 actor_rollout_ref.rollout.val_kwargs.do_sample=true
     actor_rollout_ref.rollout.val_kwargs.temperature=1.0 trainer.val_greedy=true
-    trainer.total_training_steps=150 trainer.test_freq=50 trainer.save_freq=0
+    trainer.total_training_steps=120 trainer.test_freq=60 trainer.save_freq=0
     trainer.experiment_name=grpo_default_seed${SEED}${RUN_SUFFIX} trainer.seed=$SEED
   )
 fi
