@@ -32,12 +32,17 @@ def find_metrics_file(path: str) -> str:
 
 
 def read_metrics(metrics_file: str) -> list[dict]:
+    """The logged rows, one per line; a line that does not parse (cut by a killed run) is skipped."""
     rows = []
     with open(metrics_file, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
-            if line:
+            if not line:
+                continue
+            try:
                 rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
     return rows
 
 

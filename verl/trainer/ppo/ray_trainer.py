@@ -7,7 +7,6 @@ Layer 8: calls the algorithm maths in core_algos and the workers through their w
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -51,6 +50,7 @@ from verl.trainer.ppo.utils import (
 )
 from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
 from verl.utils.dataset.prompt_loader import iter_train_batches
+from verl.utils.plot import read_metrics
 from verl.utils.seqlen_balancing import balance_batch
 from verl.utils.system_metrics import prefixed, process_metrics
 from verl.utils.tracking import Tracking
@@ -104,6 +104,7 @@ class RayPPOTrainer:
         self.epoch = 0
         self.batch_in_epoch = 0
         self.nonfinite_in_a_row = 0
+        self._resumed_step_metrics = None  # the checkpoint's step record, when resumed
         self.val_generations: list[dict] = []  # rows of the last validation's generations table
         self.domain_sampler = rlvr.make_domain_sampler(config, train_dataset)  # data.domains: an order per domain
         self.rlvr = rlvr.build_rlvr_step(config)  # None without domains, sample mask, filter_groups, reward processing
@@ -261,12 +262,17 @@ class RayPPOTrainer:
     # ---------------------------------------------------------------- checkpoints
     def _step_record(self, metrics: dict[str, Any], timing: dict[str, float], epoch: int) -> dict[str, Any]:
         """The step's line of the log: its metrics plus timing, throughput and system metrics."""
-        record = dict(metrics)
-        record.update(compute_timing_metrics(self._last_batch, timing))
-        record.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
+        record = {**metrics, **self._timing_metrics(timing)}
         record.update(self._system_metrics())
         record["training/epoch"] = epoch
         return record
+
+    def _timing_metrics(self, timing: dict[str, float]) -> dict[str, float]:
+        """verl's timing and throughput metrics of the step from its phase timings."""
+        return {
+            **compute_timing_metrics(self._last_batch, timing),
+            **compute_throughout_metrics(self._last_batch, timing, self.n_workers),
+        }
 
     def _save_checkpoint(self, step_metrics: dict[str, Any] | None = None) -> str:
         """Save the actor (and critic) and the trainer's state into a staging folder, then commit it. `step_metrics`
@@ -303,18 +309,11 @@ class RayPPOTrainer:
     def _restore_lost_step_metrics(self, logger: Tracking, log_dir: str) -> None:
         """Log the resumed step's metrics again when `<log_dir>/metrics.jsonl` lacks them: the run that saved the
         checkpoint died between committing it and writing the step's line."""
-        record = getattr(self, "_resumed_step_metrics", None)
-        path = os.path.join(log_dir, "metrics.jsonl")
+        record, path = self._resumed_step_metrics, os.path.join(log_dir, "metrics.jsonl")
         if not record or not os.path.isfile(path):
             return
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    if json.loads(line).get("step") == self.global_steps:
-                        return
-                except json.JSONDecodeError:  # a line cut by the kill
-                    continue
-        logger.log(record, step=self.global_steps)
+        if all(row.get("step") != self.global_steps for row in read_metrics(path)):
+            logger.log(record, step=self.global_steps)
 
     def _load_checkpoint(self) -> str | None:
         mode = self.config.trainer.resume_mode
@@ -515,8 +514,7 @@ class RayPPOTrainer:
                 ):
                     with marked_timer("save_checkpoint", timing):  # keeps the step's record (all but its own time)
                         summary["last_checkpoint"] = self._save_checkpoint(record)
-                    record.update(compute_timing_metrics(self._last_batch, timing))
-                    record.update(compute_throughout_metrics(self._last_batch, timing, self.n_workers))
+                    record.update(self._timing_metrics(timing))  # now with the save's time
                 logger.log(record, step=self.global_steps)
                 bar.update(1)
                 if is_last:

@@ -52,8 +52,7 @@ def validate(trainer) -> dict[str, float]:
             reward_tensor, extra = compute_reward(greedy, trainer.val_reward_fn)
             greedy_scores.extend(reward_tensor.sum(-1).tolist())
             greedy_sources.extend(list(greedy.non_tensor_batch.get("data_source", ["unknown"] * len(greedy))))
-            for key, values in (extra or {}).items():
-                greedy_extras.setdefault(key, []).extend(list(values))
+            _append_extras(greedy_extras, extra)
         batch = DataProto.from_single_dict(data).repeat(n, interleave=True)
         batch = trainer._score_with_reward_model(trainer._generate(batch, validate=True, seed=10**6 + start))
         reward_tensor, extra = compute_reward(batch, trainer.val_reward_fn)
@@ -65,8 +64,7 @@ def validate(trainer) -> dict[str, float]:
         inputs.extend(trainer.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True))
         outputs.extend(decode_responses(trainer.tokenizer, batch))
         gts.extend(generation_dump.ground_truths(batch))
-        for key, values in (extra or {}).items():
-            extras.setdefault(key, []).extend(list(values))
+        _append_extras(extras, extra)
     # majority votes: the reward's extracted answer (`pred`) when it gives one, else the response text
     votes = extras.get("pred") if len(extras.get("pred", [])) == len(scores) else [o.strip() for o in outputs]
     count = int(trainer.config.trainer.get("log_val_generations", 0) or 0)
@@ -81,6 +79,12 @@ def validate(trainer) -> dict[str, float]:
     if greedy_pass:
         metrics.update(process_greedy_validation_metrics(greedy_sources, greedy_scores, greedy_extras))
     return metrics
+
+
+def _append_extras(dest: dict[str, list], extra: dict | None) -> None:
+    """Append a scored batch's reward extras (one value per row per key) to the lists in `dest`."""
+    for key, values in (extra or {}).items():
+        dest.setdefault(key, []).extend(list(values))
 
 
 def decode_responses(tokenizer, batch: DataProto) -> list[str]:
