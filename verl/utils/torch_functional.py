@@ -7,6 +7,7 @@ Layer 1 (see DESIGN.md): imports only torch; must not import Ray, models or any 
 Numerical conventions follow verl (see specs/core_algos.md).
 """
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -294,3 +295,10 @@ def group_first_rows(groups: torch.Tensor) -> torch.Tensor:
     rows = torch.arange(len(groups), device=groups.device)
     first = torch.full((int(groups.max()) + 1,), len(groups), dtype=torch.long, device=groups.device)
     return first.scatter_reduce(0, groups, rows, "amin")
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name under which a HF model's forward takes its KV cache: `cache` (recent transformers 5 releases) or
+    `past_key_values` (earlier ones; the recent ones still take it, with a deprecation warning per call site)."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # a peft model's own model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"

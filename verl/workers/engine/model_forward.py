@@ -48,6 +48,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from verl.utils.torch_functional import (
+    cache_kwarg,
     calculate_sum_pi_squared_from_logits,
     entropy_from_logits,
     group_first_rows,
@@ -341,7 +342,7 @@ def _shared_prompt(
         input_ids=input_ids[first_row, first:prompt_len],
         attention_mask=prompt_mask[:, first:],
         position_ids=pos[first_row, first:prompt_len],
-        past_key_values=cache,
+        **{cache_kwarg(module): cache},
         use_cache=True,
     )[:, -1:]
     cache.batch_select_indices(groups)  # each row gets (a differentiable copy of) its prompt's keys and values
@@ -356,7 +357,7 @@ def _shared_prompt(
         input_ids=input_ids[:, prompt_len:],
         attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
         position_ids=pos[:, prompt_len:],
-        past_key_values=cache,
+        **{cache_kwarg(module): cache},
         use_cache=True,
     )
     out = response_out if head is not None else torch.cat([prompt_out[groups], response_out[:, :-1]], dim=1)

@@ -21,6 +21,7 @@ Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not imp
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -37,7 +38,8 @@ from transformers.generation.logits_process import (
 
 from verl.protocol import DataProto
 from verl.utils import fsdp_utils
-from verl.utils.torch_functional import group_first_rows, prompt_groups
+from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
+from verl.workers.rollout import shared_prefix
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
@@ -75,6 +77,7 @@ class HFRollout(BaseRollout):
         self.micro_batch_size = None if micro is None else int(micro)
         self.ignore_eos = bool(config.get("ignore_eos", False))  # verl's key: run every row to response_length
         self.weight_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        self.cache_kwarg = cache_kwarg(module)  # the forward's name for its KV cache argument
         self._calls = 0
 
     # ------------------------------------------------------------------ weights
@@ -188,48 +191,60 @@ class HFRollout(BaseRollout):
         groups = prompt_groups(ids, mask, 0)
         first_row = group_first_rows(groups)
         start = _first_non_pad_column(mask[first_row])
-        cache = _kv_cache(self.module.config, ids.shape[1] - start + self.response_length)
+        prompt_mask = mask[first_row, start:].to(device)
+        # rows sharing a prompt decode against its one copy of the prompt's keys and values (shared_prefix.py)
+        shared = len(first_row) < len(groups) and shared_prefix.applies_to(self.module.config)
+        if shared:
+            cache = shared_prefix.SharedPrefixCache(self.module.config.num_hidden_layers, self.response_length)
+        else:
+            cache = _kv_cache(self.module.config, ids.shape[1] - start + self.response_length)
         logits = self.module(
             input_ids=ids[first_row, start:].to(device),
-            attention_mask=mask[first_row, start:].to(device),
+            attention_mask=prompt_mask,
             position_ids=pos[first_row, start:].to(device),
-            past_key_values=cache,
+            **{self.cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
         groups = groups.to(device)
-        if len(first_row) < len(groups):
+        logits = logits[groups]
+        if shared:
+            cache.start_decode(groups, prompt_mask)
+        elif len(first_row) < len(groups):
             cache.batch_select_indices(groups)
-            logits = logits[groups]
-        attention = mask[first_row, start:].to(device)[groups]
+        attention = prompt_mask[groups]  # the 2-D mask of the per-row cache (unused by the shared one)
         next_pos = pos[first_row, -1].to(device)[groups] + 1
         live = torch.arange(len(groups), device=device)  # the rows still generating
         eos = torch.tensor(eos_token_id, device=device, dtype=torch.long).reshape(-1)
         warpers = _logits_warpers(sampling)
         responses = torch.full((len(groups), self.response_length), pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=device) if want_log_probs else None
-        for t in range(self.response_length):
-            tokens = _next_tokens(logits, warpers, sampling.do_sample)
-            responses[live, t] = tokens
-            if log_probs is not None:
-                token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
-                log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-            running = ~torch.isin(tokens, eos)
-            if t == self.response_length - 1 or not running.any():
-                break
-            if not running.all():  # finished rows leave the batch and its KV cache
-                keep = running.nonzero().flatten()
-                live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
-                cache.batch_select_indices(keep)
-            attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
-            logits = self.module(
-                input_ids=tokens.unsqueeze(-1),
-                attention_mask=attention,
-                position_ids=next_pos.unsqueeze(-1),
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-            next_pos = next_pos + 1
+        decode_kwargs = {self.cache_kwarg: cache, "use_cache": True}
+        if shared:
+            decode_kwargs["shared_prefix"] = cache
+        with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
+            for t in range(self.response_length):
+                tokens = _next_tokens(logits, warpers, sampling.do_sample)
+                responses[live, t] = tokens
+                if log_probs is not None:
+                    token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
+                    log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+                running = ~torch.isin(tokens, eos)
+                if t == self.response_length - 1 or not running.any():
+                    break
+                if not running.all():  # finished rows leave the batch and its KV cache
+                    keep = running.nonzero().flatten()
+                    live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
+                    cache.batch_select_indices(keep)
+                if not shared:
+                    attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
+                logits = self.module(
+                    input_ids=tokens.unsqueeze(-1),
+                    attention_mask=None if shared else attention,
+                    position_ids=next_pos.unsqueeze(-1),
+                    **decode_kwargs,
+                ).logits[:, -1]
+                next_pos = next_pos + 1
         return responses.cpu(), (log_probs.cpu() if log_probs is not None else None)
 
 

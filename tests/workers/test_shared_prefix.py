@@ -1,0 +1,147 @@
+"""Tests of the shared-prefix decode attention (verl/workers/rollout/shared_prefix.py): the attention against an
+independent sdpa over each row's full (prompt + response) cache, and the `hf` rollout with it against the rollout
+with its per-row cache on the tiny Qwen2 model."""
+
+import inspect
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+from tests.workers.test_hf_rollout import make_prompts, rollout_config
+from verl.utils.torch_functional import cache_kwarg
+from verl.workers.engine.model_forward import VARLEN_SDPA
+from verl.workers.rollout import shared_prefix
+from verl.workers.rollout.hf_rollout import HFRollout
+
+
+class _Layer(torch.nn.Module):
+    layer_idx = 0
+
+
+def _reference_attention(q, prefix_k, prefix_v, prefix_pad, groups, suffix_k, suffix_v):
+    """sdpa over each row's own copy of its prompt's keys/values followed by its response's, heads repeated."""
+    keys = torch.cat([prefix_k[groups], suffix_k], dim=2)
+    values = torch.cat([prefix_v[groups], suffix_v], dim=2)
+    per_kv = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(per_kv, dim=1), values.repeat_interleave(per_kv, dim=1)
+    allowed = torch.cat([~prefix_pad[groups], torch.ones(len(groups), suffix_k.shape[2], dtype=torch.bool)], dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None, None, :])
+    return out.transpose(1, 2)  # (rows, 1, heads, dim)
+
+
+def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave():
+    torch.manual_seed(0)
+    heads, kv_heads, dim, prompt_len, steps = 4, 2, 8, 5, 3
+    groups = torch.tensor([0, 0, 0, 1, 2, 2])  # uneven groups: 3, 1 and 2 rows per prompt
+    prompt_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    prefix_k, prefix_v = torch.randn(3, kv_heads, prompt_len, dim), torch.randn(3, kv_heads, prompt_len, dim)
+    cache = shared_prefix.SharedPrefixCache(num_layers=1, capacity=steps)
+    cache.layers[0].update(prefix_k, prefix_v)  # the prefill
+    cache.start_decode(groups, prompt_mask)
+    assert cache.get_seq_length() == prompt_len
+    suffix_k, suffix_v = torch.empty(6, kv_heads, 0, dim), torch.empty(6, kv_heads, 0, dim)
+    for step in range(steps):
+        if step == 2:  # rows 1 and 3 finish: row 3 was its prompt's only row
+            keep = torch.tensor([0, 2, 4, 5])
+            cache.batch_select_indices(keep)
+            groups, suffix_k, suffix_v = groups[keep], suffix_k[keep], suffix_v[keep]
+        new_k, new_v = torch.randn(len(groups), kv_heads, 1, dim), torch.randn(len(groups), kv_heads, 1, dim)
+        keys, values = cache.layers[0].update(new_k, new_v)
+        suffix_k, suffix_v = torch.cat([suffix_k, new_k], dim=2), torch.cat([suffix_v, new_v], dim=2)
+        torch.testing.assert_close(keys, suffix_k, rtol=0, atol=0)
+        q = torch.randn(len(groups), heads, 1, dim)
+        out, _ = shared_prefix._shared_prefix_attention(_Layer(), q, keys, values, None, shared_prefix=cache)
+        ref = _reference_attention(q, prefix_k, prefix_v, prompt_mask == 0, groups, suffix_k, suffix_v)
+        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+    assert cache.get_seq_length() == prompt_len + steps
+    with pytest.raises(RuntimeError, match="full"):
+        cache.layers[0].update(new_k[:, :, :1], new_v[:, :, :1])
+
+
+def test_attention_refuses_a_call_outside_a_decode_step():
+    with pytest.raises(RuntimeError, match="decode steps of a SharedPrefixCache"):
+        shared_prefix._shared_prefix_attention(_Layer(), torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 1, 4),
+                                               torch.zeros(1, 1, 1, 4), None)  # fmt: skip
+
+
+def test_applies_only_to_plain_full_attention_under_sdpa():
+    config = Qwen2Config(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=1)
+    config._attn_implementation = "sdpa"
+    assert shared_prefix.applies_to(config)
+    config._attn_implementation = VARLEN_SDPA  # the actor's packed sdpa, which the model keeps after a packed forward
+    assert shared_prefix.applies_to(config)
+    config._attn_implementation = "eager"
+    assert not shared_prefix.applies_to(config)
+    config._attn_implementation = "sdpa"
+    config.layer_types = ["full_attention", "sliding_attention"]
+    assert not shared_prefix.applies_to(config)
+    config.layer_types = ["full_attention", "full_attention"]
+    config.model_type = "gemma2"  # softcapped attention
+    assert not shared_prefix.applies_to(config)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def _generate(model, tokenizer, prompts, shared: bool, monkeypatch, **cfg):
+    started = []
+    with monkeypatch.context() as patch:
+        if not shared:
+            patch.setattr(shared_prefix, "applies_to", lambda config: False)
+        start = shared_prefix.SharedPrefixCache.start_decode
+        patch.setattr(shared_prefix.SharedPrefixCache, "start_decode",
+                      lambda self, *a: (started.append(True), start(self, *a))[1])  # fmt: skip
+        out = HFRollout(model, rollout_config(**cfg), tokenizer).generate_sequences(prompts)
+    assert bool(started) == shared
+    assert model.config._attn_implementation == "sdpa"  # the model's own attention is back
+    return out
+
+
+def test_rollout_with_shared_prompts_equals_the_per_row_cache(model, tokenizer, monkeypatch):
+    """n samples of each prompt, rows stopping at an eos at different steps: the same tokens and log-probs
+    with the shared-prefix attention as with every row holding its own copy of its prompt."""
+
+    def prompts(eos):
+        batch = make_prompts(tokenizer, seed=3, eos_token_id=eos).repeat(3, interleave=True)
+        batch.batch["input_ids"][1::3, -1] = 7  # the middle copy of each prompt differs: uneven groups
+        return batch
+
+    full = _generate(model, tokenizer, prompts(2047), False, monkeypatch)
+    eos = [int(full.batch["responses"][0, 2]), int(full.batch["responses"][4, 1])]  # rows 0 and 4 stop early
+    prompts = prompts(eos)
+    per_row = _generate(model, tokenizer, prompts, False, monkeypatch, calculate_log_probs=True)
+    shared = _generate(model, tokenizer, prompts, True, monkeypatch, calculate_log_probs=True)
+    assert torch.equal(shared.batch["responses"], per_row.batch["responses"])
+    assert torch.equal(shared.batch["response_mask"], per_row.batch["response_mask"])
+    lengths = per_row.batch["response_mask"].sum(-1)
+    assert lengths.min() < lengths.max()  # some rows did stop early
+    torch.testing.assert_close(shared.batch["rollout_log_probs"], per_row.batch["rollout_log_probs"], atol=1e-5,
+                               rtol=0)  # fmt: skip
+
+    free = HFRollout(model, rollout_config(), tokenizer).generate_sequences(make_prompts(tokenizer, validate=True))
+    greedy = make_prompts(tokenizer, validate=True).repeat(2, interleave=True)
+    out = _generate(model, tokenizer, greedy, True, monkeypatch)
+    assert torch.equal(out.batch["responses"][0::2], free.batch["responses"])
+    assert torch.equal(out.batch["responses"][1::2], free.batch["responses"])
+
+
+def test_decode_attention_puts_the_models_own_back_after_an_error(model):
+    with pytest.raises(ValueError, match="boom"):
+        with shared_prefix.decode_attention(model):
+            assert model.config._attn_implementation == shared_prefix.ATTENTION_NAME
+            raise ValueError("boom")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_cache_kwarg_names_the_forwards_argument(model):
+    params = inspect.signature(type(model).forward).parameters
+    assert cache_kwarg(model) in params
+    assert cache_kwarg(model) == ("cache" if "cache" in params else "past_key_values")

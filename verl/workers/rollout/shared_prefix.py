@@ -1,0 +1,183 @@
+"""Decode attention that reads each prompt's keys and values once for all the rows sampled from it.
+
+Owns `SharedPrefixCache` (a KV cache holding the prefill of the distinct prompts once, plus a preallocated
+per-row buffer for the response tokens), the attention function that decodes against it (registered with HF's
+`AttentionInterface` as `ATTENTION_NAME`) and `decode_attention`, which switches a model to it for the decode steps.
+
+Why: on CPU a decode step's attention is bound by reading the KV cache (~10 GB/s here), and with `rollout.n`
+samples per prompt most of that cache is the same prompt copied n times. Here the scores of a row against its
+prompt are computed from the prompt's single copy (the rows of one prompt packed as extra queries of one matmul),
+against its own response tokens from its buffer, and one softmax runs over both parts: the same attention as
+sdpa over the concatenated cache (float rounding aside, ~1e-7), with the prompt part read once per prompt.
+
+Applies to decoder models with plain full attention under `sdpa` (`applies_to`); every other model keeps the
+rollout's preallocated per-row cache.
+
+Layer 5: imports torch and transformers; must not import Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, Cache
+from transformers.cache_utils import DynamicLayer
+
+ATTENTION_NAME = "verl_shared_prefix"
+
+# Model types whose attention is plain scaled dot-product over (optionally grouped) KV heads: no softcap, sinks,
+# sliding window or attention bias the function below would have to reproduce.
+_PLAIN_ATTENTION_MODELS = frozenset({"qwen2", "qwen3", "llama"})
+# HF's sdpa, and the actor's packed-sequence sdpa (`model_forward.VARLEN_SDPA`, HF's sdpa for every unpacked call),
+# which a model keeps once it has run a packed forward (`use_remove_padding`)
+SDPA_IMPLEMENTATIONS = frozenset({"sdpa", "verl_sdpa_varlen"})
+
+
+def applies_to(config: Any) -> bool:
+    """Whether a model with this config decodes through the shared-prefix attention: a plain-attention model type
+    under sdpa (`SDPA_IMPLEMENTATIONS`), every layer full attention (no sliding window in use)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    return (
+        getattr(config, "model_type", None) in _PLAIN_ATTENTION_MODELS
+        and getattr(config, "_attn_implementation", None) in SDPA_IMPLEMENTATIONS
+        and all(kind == "full_attention" for kind in layer_types)
+        and not getattr(config, "use_sliding_window", False)
+    )
+
+
+class _SharedPrefixLayer(DynamicLayer):
+    """One layer's cache: the distinct prompts' keys/values (G, kv_heads, P, head_dim) as the prefill computed
+    them, and a per-row buffer of `capacity` positions for the response tokens, written in place."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0  # response positions written
+        self.prefix_keys: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.prefix_keys is None:  # the prefill of the distinct prompts
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.prefix_keys, self.prefix_values = key_states, value_states
+            self.keys, self.values = key_states, value_states
+            self.is_initialized = True
+            return key_states, value_states
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache of {self.capacity} response positions is full (needs {end})")
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
+    def start_decode(self, rows: int) -> None:
+        _, heads, _, dim = self.prefix_keys.shape
+        self.key_buffer = self.prefix_keys.new_empty(rows, heads, self.capacity, dim)
+        self.value_buffer = self.prefix_values.new_empty(rows, heads, self.capacity, dim)
+
+    def get_seq_length(self) -> int:
+        return 0 if self.prefix_keys is None else self.prefix_keys.shape[-2] + self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+
+
+class SharedPrefixCache(Cache):
+    """The KV cache of one micro-batch's generation: prefill the distinct prompts into it, then `start_decode`
+    with each row's prompt index; rows leave it by `batch_select_indices` (rows that finished)."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[_SharedPrefixLayer(capacity) for _ in range(num_layers)])
+
+    def start_decode(self, groups: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        """groups: (rows,) index of each row's prompt among the prefilled ones. prompt_mask: (distinct prompts, P)
+        the prefill's attention mask (0 on left padding)."""
+        self.groups = groups
+        counts = torch.bincount(groups)
+        self.group_size = int(counts.max())
+        # each row's place among its prompt's rows: the rows of the packed (prompts, group_size) query grid
+        order = torch.sort(groups, stable=True).indices
+        starts = torch.cumsum(counts, 0) - counts
+        slots = torch.empty_like(groups)
+        slots[order] = torch.arange(len(groups), device=groups.device) - starts[groups[order]]
+        self.slots = slots
+        self.num_prompts = len(counts)
+        pad = ~prompt_mask.bool()
+        self.prefix_pad = pad[groups][:, None, None, :] if pad.any() else None  # (rows, 1, 1, P)
+        for layer in self.layers:
+            layer.start_decode(len(groups))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.groups, self.slots = self.groups[indices], self.slots[indices]
+        if self.prefix_pad is not None:
+            self.prefix_pad = self.prefix_pad[indices]
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+
+    def _pack(self, rows: torch.Tensor) -> torch.Tensor:
+        """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries."""
+        _, kv_heads, q, x = rows.shape
+        packed = rows.new_zeros(self.num_prompts, self.group_size, kv_heads, q, x)
+        packed[self.groups, self.slots] = rows
+        return packed.permute(0, 2, 1, 3, 4).reshape(self.num_prompts, kv_heads, self.group_size * q, x)
+
+    def _unpack(self, packed: torch.Tensor, q: int) -> torch.Tensor:
+        """The inverse of `_pack`: (prompts, kv_heads, group_size * q, x) -> (rows, kv_heads, q, x)."""
+        prompts, kv_heads, _, x = packed.shape
+        grid = packed.reshape(prompts, kv_heads, self.group_size, q, x).permute(0, 2, 1, 3, 4)
+        return grid[self.groups, self.slots]
+
+
+def _shared_prefix_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    shared_prefix: SharedPrefixCache | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """One decode step's attention: query (rows, heads, 1, head_dim) against the row's prompt (shared) and its own
+    response keys `key`/`value` (rows, kv_heads, L, head_dim). Returns (rows, 1, heads, head_dim), as HF's sdpa."""
+    if shared_prefix is None or query.shape[2] != 1:
+        raise RuntimeError(f"{ATTENTION_NAME} attention runs only decode steps of a SharedPrefixCache")
+    layer = shared_prefix.layers[module.layer_idx]
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
+    q = query.reshape(rows, kv_heads, per_kv, dim)
+    prompt_len = layer.prefix_keys.shape[2]
+    prefix_scores = shared_prefix._unpack(
+        torch.matmul(shared_prefix._pack(q), layer.prefix_keys.transpose(-1, -2)), per_kv
+    )
+    scores = torch.cat([prefix_scores, torch.matmul(q, key.transpose(-1, -2))], dim=-1)
+    scores = scores.float() * (dim**-0.5 if scaling is None else scaling)
+    if shared_prefix.prefix_pad is not None:
+        scores[..., :prompt_len].masked_fill_(shared_prefix.prefix_pad, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)
+    out = shared_prefix._unpack(
+        torch.matmul(shared_prefix._pack(probs[..., :prompt_len].contiguous()), layer.prefix_values), per_kv
+    )
+    out = out + torch.matmul(probs[..., prompt_len:], value)
+    return out.reshape(rows, 1, heads, dim), None
+
+
+AttentionInterface.register(ATTENTION_NAME, _shared_prefix_attention)
+
+
+@contextlib.contextmanager
+def decode_attention(module: nn.Module) -> Iterator[None]:
+    """Within the block, `module` attends through the shared-prefix attention (its forward must be called with
+    `shared_prefix=<SharedPrefixCache>`); its own implementation is back afterwards, also on an error."""
+    config = module.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
