@@ -5,7 +5,14 @@ import os
 import pytest
 import torch
 
-from verl.single_controller.base.worker import ENV_KEYS, NUM_THREADS_ENV, Worker
+from verl.single_controller.base.worker import (
+    ENV_KEYS,
+    NUM_THREADS_ENV,
+    RETAIN_FREED_MEMORY_ENV,
+    Worker,
+    get_node_ip,
+    retain_freed_memory_from_env,
+)
 
 
 @pytest.fixture
@@ -21,7 +28,7 @@ def test_outside_a_group_a_worker_is_rank_zero_of_one(clean_env):
     worker = Worker()
     assert (worker.rank, worker.world_size, worker.local_rank) == (0, 1, 0)
     addr, port = worker.get_master_addr_port()
-    assert addr == "127.0.0.1" and 0 < int(port) < 65536
+    assert addr == get_node_ip() and 0 < int(port) < 65536  # 127.0.0.1, or Ray's node IP after another test's ray.init
     # written back so init_distributed() finds them
     assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
     assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == (addr, port)
@@ -80,3 +87,40 @@ def test_a_subclass_that_skips_worker_init_gets_a_clear_error():
 
     with pytest.raises(RuntimeError, match=r"Broken.__init__ must call Worker.__init__"):
         Broken().get_master_addr_port()
+
+
+_FAULTS_OF_A_REPEATED_ALLOCATION = """
+import resource, sys, torch
+from verl.single_controller.base.worker import retain_freed_memory_from_env
+applied = retain_freed_memory_from_env()
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.ones(16 << 20)  # 64 MiB written: 16384 pages of 4 KiB when they are fresh
+    del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+faults()
+print(applied, faults())
+"""
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_retained_freed_memory_serves_the_next_step_without_page_faults(setting):
+    """With VERL_RETAIN_FREED_MEMORY=1 (the default) a block freed and allocated again reuses its pages; with 0,
+    glibc unmaps it and the next allocation faults every page in again (the control)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, RETAIN_FREED_MEMORY_ENV: setting}
+    out = subprocess.run([sys.executable, "-c", _FAULTS_OF_A_REPEATED_ALLOCATION], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()  # fmt: skip
+    applied, faults = out[0] == "True", int(out[1])
+    if setting == "1":
+        assert applied and faults < 1000
+    else:
+        assert not applied and faults > 8000
+
+
+def test_a_bad_retain_setting_is_refused(monkeypatch):
+    monkeypatch.setenv(RETAIN_FREED_MEMORY_ENV, "yes")
+    with pytest.raises(ValueError, match="VERL_RETAIN_FREED_MEMORY must be 0 or 1, got 'yes'"):
+        retain_freed_memory_from_env()

@@ -42,7 +42,7 @@ from verl.single_controller.base.decorator import (
     registered_methods,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
+from verl.single_controller.base.worker import NUM_THREADS_ENV, RETAIN_FREED_MEMORY_ENV, Worker
 from verl.single_controller.base.worker_group import WorkerGroup
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
@@ -373,6 +373,8 @@ class RayWorkerGroup(WorkerGroup):
                 # Ray runs its workers at nice 15: any process at the default priority (the driver, Ray's own
                 # daemons, the user's other jobs) then preempts the worker doing all the compute
                 env_vars[WORKER_NICENESS_ENV] = os.environ.get(WORKER_NICENESS_ENV, "0")
+                if RETAIN_FREED_MEMORY_ENV in os.environ:  # the driver's choice reaches workers on other nodes too
+                    env_vars[RETAIN_FREED_MEMORY_ENV] = os.environ[RETAIN_FREED_MEMORY_ENV]
                 options = dict(cls_with_init.options)
                 runtime_env = dict(options.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
