@@ -121,15 +121,14 @@ class SharedPrefixCache(Cache):
     def _pack(self, rows: torch.Tensor) -> torch.Tensor:
         """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries."""
         _, kv_heads, q, x = rows.shape
-        packed = rows.new_zeros(self.num_prompts, self.group_size, kv_heads, q, x)
-        packed[self.groups, self.slots] = rows
-        return packed.permute(0, 2, 1, 3, 4).reshape(self.num_prompts, kv_heads, self.group_size * q, x)
+        packed = rows.new_zeros(self.num_prompts, kv_heads, self.group_size, q, x)
+        packed[self.groups, :, self.slots] = rows
+        return packed.view(self.num_prompts, kv_heads, self.group_size * q, x)
 
     def _unpack(self, packed: torch.Tensor, q: int) -> torch.Tensor:
         """The inverse of `_pack`: (prompts, kv_heads, group_size * q, x) -> (rows, kv_heads, q, x)."""
         prompts, kv_heads, _, x = packed.shape
-        grid = packed.reshape(prompts, kv_heads, self.group_size, q, x).permute(0, 2, 1, 3, 4)
-        return grid[self.groups, self.slots]
+        return packed.view(prompts, kv_heads, self.group_size, q, x)[self.groups, :, self.slots]
 
 
 def _shared_prefix_attention(
@@ -150,18 +149,18 @@ def _shared_prefix_attention(
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
-    q = query.reshape(rows, kv_heads, per_kv, dim)
+    q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
     prefix_scores = shared_prefix._unpack(
         torch.matmul(shared_prefix._pack(q), layer.prefix_keys.transpose(-1, -2)), per_kv
     )
     scores = torch.cat([prefix_scores, torch.matmul(q, key.transpose(-1, -2))], dim=-1)
-    scores = scores.float() * (dim**-0.5 if scaling is None else scaling)
+    scores = scores.float()
     if shared_prefix.prefix_pad is not None:
         scores[..., :prompt_len].masked_fill_(shared_prefix.prefix_pad, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(query.dtype)
     out = shared_prefix._unpack(
-        torch.matmul(shared_prefix._pack(probs[..., :prompt_len].contiguous()), layer.prefix_values), per_kv
+        torch.matmul(shared_prefix._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv
     )
     out = out + torch.matmul(probs[..., prompt_len:], value)
     return out.reshape(rows, 1, heads, dim), None
