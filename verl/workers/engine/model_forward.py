@@ -86,7 +86,9 @@ class HeadSpec:
 
 
 def _chunk_stats(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
-    logits = head(hidden).float() / spec.temperature
+    logits = head(hidden).float()
+    if spec.temperature != 1.0:  # x / 1.0 is x: no copy of the chunk's logits (and none in backward)
+        logits = logits / spec.temperature
     columns = [logprobs_from_logits(logits, labels)]
     if spec.entropy:
         with torch.set_grad_enabled(spec.entropy_grad and torch.is_grad_enabled()):
