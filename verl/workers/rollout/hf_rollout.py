@@ -13,8 +13,11 @@ Either way the log-probs equal the actor's on the same weights up to KV-cache ro
 Generation is a plain KV-cache sampling loop (HF's own logits warpers for temperature, top-k, top-p, in HF's
 order) rather than `model.generate`, for two savings `generate` does not make: each distinct prompt of a
 micro-batch is prefilled once and its cache copied to the rows that share it (the `rollout.n` samples of a
-prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. Micro-batches
-are length-sorted and cut their common left padding. Greedy decoding gives what `generate` gives.
+prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. For plain-attention
+models under sdpa the copies are not even made: the rows of a prompt decode against its one copy of the prompt's
+keys and values (`shared_prefix.py`), so each decode step reads the prompt part of the cache once per prompt, not
+once per sample. Micro-batches are length-sorted and cut their common left padding. Greedy decoding gives what
+`generate` gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
