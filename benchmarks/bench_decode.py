@@ -5,9 +5,9 @@ batch shape (16 prompts x 8 samples, ~98-token prompts, the bench model `s` with
 shared-prompt decode attention (the default, `shared_prefix.py`) and with every row holding its own copy of its
 prompt's keys and values (the per-row cache). Next to each it prints what one decode step must read from the KV
 cache (float32 keys and values of every layer over the visible context, the prompt part once per prompt in the
-shared case), and that read's time at the machine's measured memory bandwidth (a `sum` over 512 MiB). If the time
-per token grows with length by about that read, the growth is the KV read, which no cache layout removes: each new
-token attends over every earlier one.
+shared case), that read's time at the machine's measured memory bandwidth (a `sum` over 512 MiB), and the rest of
+the time per token. Each new token attends over every earlier one, so the KV read grows with length whatever the
+cache layout; the columns show how much of the growth it explains at full bandwidth, and how much the rest grows.
 
     python benchmarks/bench_decode.py                 # lengths 64,128,256,512
     python benchmarks/bench_decode.py --lengths 64,512 --repeats 1
