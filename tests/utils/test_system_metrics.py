@@ -1,8 +1,7 @@
 """Tests of verl/utils/system_metrics.py: the per-process metrics and the memory of one phase (`phase_memory`)."""
 
+import mmap
 import time
-
-import torch
 
 from verl.utils.system_metrics import phase_memory, process_metrics
 
@@ -14,9 +13,12 @@ def test_process_metrics_report_cpu_and_rss():
 
 def test_phase_memory_sees_a_short_lived_allocation():
     with phase_memory("test_phase"):
-        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched, alive for 50 ms
+        # 64 MiB of fresh anonymous pages, written, alive for 50 ms (mmap: not memory the allocator kept from earlier
+        # tests, which a worker's VERL_RETAIN_FREED_MEMORY makes glibc keep)
+        block = mmap.mmap(-1, 64 * 2**20)
+        block.write(b"\1" * len(block))
         time.sleep(0.05)
-        del block
+        block.close()
     metrics = process_metrics()
     before, peak = metrics["test_phase_rss_before_gb"], metrics["test_phase_peak_rss_gb"]
     assert peak - before > 60 / 1024  # GiB
