@@ -78,7 +78,8 @@ def retain_freed_memory_from_env() -> bool:
     (adaptive) mmap threshold is a fresh mmap that is unmapped when freed and page-faulted in again, zero-filled, on
     the next step: ~120,000 faults per update step of the CPU bench (benchmarks/README.md), ~0.4 s of its 3.4 s.
     The process's peak memory is unchanged (the same blocks are live at the peak); its memory after the peak stays
-    at the peak. Returns whether the settings were applied (False off glibc, or when switched off)."""
+    at the peak. The settings are process-wide: with `trainer.single_process=true` the driver's whole process has
+    them. Returns whether the settings were applied (False off glibc, or when switched off)."""
     raw = os.environ.get(RETAIN_FREED_MEMORY_ENV, "1")
     if raw not in ("0", "1"):
         raise ValueError(f"{RETAIN_FREED_MEMORY_ENV} must be 0 or 1, got {raw!r}")
