@@ -469,7 +469,11 @@ def _load_config(path: str, trust_remote_code: bool):
         raise ValueError(f"cannot read the model config in {path!r}: {err}") from err
 
 
-def _finish(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
+def _finish(model: nn.Module, gradient_checkpointing: bool, lean_activations: bool = False) -> nn.Module:
+    if lean_activations:  # RMSNorm/MLP keep only their inputs for backward (verl/models/lean_layers.py)
+        from verl.models.lean_layers import apply_lean_layers
+
+        apply_lean_layers(model)
     if gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -485,11 +489,13 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     model_cls: type | None = None,
+    lean_activations: bool = False,
 ) -> nn.Module:
     """Load a HF causal LM from a local directory onto the CPU (`model_cls` default: AutoModelForCausalLM).
 
     A missing path, a directory without config.json, or a config that is not a causal LM raise ValueError naming
-    the path. With `gradient_checkpointing`, non-reentrant activation checkpointing is enabled.
+    the path. With `gradient_checkpointing`, non-reentrant activation checkpointing is enabled; with
+    `lean_activations`, the RMSNorm and MLP modules save only their inputs for backward (`apply_lean_layers`).
     """
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM
 
@@ -509,7 +515,7 @@ def load_causal_lm(
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
-    return _finish(model, gradient_checkpointing)
+    return _finish(model, gradient_checkpointing, lean_activations)
 
 
 def materialize_parameters(module: nn.Module) -> nn.Module:
@@ -531,6 +537,7 @@ def load_token_classification_model(
     attn_implementation: str = "sdpa",
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
+    lean_activations: bool = False,
 ) -> nn.Module:
     """Load a value model (critic): AutoModelForTokenClassification with `num_labels=1` and no dropout, on CPU.
 
@@ -560,7 +567,7 @@ def load_token_classification_model(
             head.weight.zero_()
             if head.bias is not None:
                 head.bias.zero_()
-    return _finish(model, gradient_checkpointing)
+    return _finish(model, gradient_checkpointing, lean_activations)
 
 
 # ---------------------------------------------------------------- threads

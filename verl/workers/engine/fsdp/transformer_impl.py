@@ -136,7 +136,8 @@ class FSDPEngine(BaseEngine):
     """One rank's FSDP2 model, optimizer and LR schedule; see the module docstring.
 
     model_config: `path` (HF folder), `trust_remote_code`, `enable_gradient_checkpointing`, `use_remove_padding`,
-        `share_prompt_prefix`, `lora_rank`/`lora_alpha`/`target_modules`, `attn_implementation` (verl's `model`).
+        `share_prompt_prefix`, `lora_rank`/`lora_alpha`/`target_modules`, `attn_implementation` (verl's `model`),
+        `lean_activations` (ours: verl/models/lean_layers.py; a training engine only).
     engine_config: verl's `fsdp_config`. optimizer_config: verl's `optim` (`lr`, `betas`, `weight_decay`, warmup and
         schedule keys, `total_training_steps`) plus `clip_grad` (default 1.0). checkpoint_config: verl's
         `checkpoint` (unused by the engine itself). Each may be a dict or a DictConfig.
@@ -227,6 +228,7 @@ class FSDPEngine(BaseEngine):
             attn_implementation=attn_implementation(cfg, self.device_name),
             gradient_checkpointing=bool(cfg.get("enable_gradient_checkpointing", False)) and not self.forward_only,
             trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+            lean_activations=bool(cfg.get("lean_activations", False)) and not self.forward_only,
         )
 
     def initialize(self, addr: Any = None, ft_spec: FinetuneSpec | None = None) -> None:
@@ -570,6 +572,7 @@ class FSDPEngineWithValueHead(FSDPEngine):
             attn_implementation=attn_implementation(cfg, self.device_name),
             gradient_checkpointing=bool(cfg.get("enable_gradient_checkpointing", False)) and not self.forward_only,
             trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+            lean_activations=bool(cfg.get("lean_activations", False)) and not self.forward_only,
         )
 
     def compute_model_output(self, micro_batch: TensorDict) -> dict[str, torch.Tensor]:

@@ -1,0 +1,139 @@
+"""Memory-lean RMSNorm and gated (SwiGLU) MLP for training: the same forward as HF's, with a backward that keeps
+only the layer's inputs and recomputes the cheap element-wise rest.
+
+Why: in a decoder layer trained with plain autograd most of the saved activations are element-wise by-products.
+HF's SwiGLU MLP, `down(silu(gate(x)) * up(x))`, keeps x, gate(x), silu(gate(x)), up(x) and their product for
+backward: 1 + 4 * intermediate/hidden values per token (12 KB a token in float32 at hidden 256, intermediate 704);
+`LeanSwiGLU` keeps x, gate(x) and up(x) and recomputes silu and the product in backward (6.5 KB). HF's RMSNorm keeps
+its input, 1/rms and the normalised input; `LeanRMSNorm` keeps the input and 1/rms. On a Qwen2 layer that is
+about a third of the update pass's activation memory, for a few element-wise passes more in backward (the
+matmuls are the same). This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so it runs
+anywhere; it is `model.lean_activations` (an extension of ours, default false as verl has no such key).
+
+`apply_lean_layers(model)` switches the forward of every matching module of a qwen2, qwen3 or llama model (their
+RMSNorm and MLP classes, by name) and returns how many it switched. The switch only takes the lean path when
+autograd records (a no-grad forward runs HF's code) and, for the MLP, while its three projections are plain
+bias-free `nn.Linear` with a SiLU (so a LoRA wrapper added later, or a bias, keeps HF's forward).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["LeanRMSNorm", "LeanSwiGLU", "apply_lean_layers", "LEAN_MODEL_TYPES"]
+
+LEAN_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+_NORM_CLASSES = frozenset({"Qwen2RMSNorm", "Qwen3RMSNorm", "LlamaRMSNorm"})
+_MLP_CLASSES = frozenset({"Qwen2MLP", "Qwen3MLP", "LlamaMLP"})
+_SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformers' (`hidden_act: silu`)
+
+
+class LeanRMSNorm(torch.autograd.Function):
+    """y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), the statistics in float32 (HF's RMSNorm).
+    Saves x and 1/rms; backward: dx = r * (dn - n * mean(dn * n)) with n = x * r, dn = dy * weight."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (xf * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.float() * rstd
+        dweight = None
+        if ctx.needs_input_grad[1]:
+            dweight = (dy * normed.to(x.dtype)).reshape(-1, dy.shape[-1]).sum(0).to(weight.dtype)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dnormed = (dy * weight).float()
+            dx = (rstd * (dnormed - normed * (dnormed * normed).mean(-1, keepdim=True))).to(x.dtype)
+        return dx, dweight, None
+
+
+class LeanSwiGLU(torch.autograd.Function):
+    """y = (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T. Saves x, gate and up; backward recomputes
+    silu(gate) * up for the down projection's weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, w_gate), F.linear(x, w_up)
+        ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
+        return F.linear(F.silu(gate) * up, w_down)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
+        need_x, need_gate, need_up, need_down = ctx.needs_input_grad
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        sig = torch.sigmoid(gate)
+        silu_gate = gate * sig
+        dw_down = None
+        if need_down:
+            hidden = (silu_gate * up).reshape(-1, up.shape[-1])
+            dw_down = dy2.t().mm(hidden).to(w_down.dtype)
+        dh = dy.matmul(w_down)  # (..., intermediate)
+        d_up = dh * silu_gate
+        d_gate = dh * up * (sig * (1 + gate * (1 - sig)))
+        del dh, sig, silu_gate
+        x2 = x.reshape(-1, x.shape[-1])
+        dw_gate = d_gate.reshape(-1, d_gate.shape[-1]).t().mm(x2).to(w_gate.dtype) if need_gate else None
+        dw_up = d_up.reshape(-1, d_up.shape[-1]).t().mm(x2).to(w_up.dtype) if need_up else None
+        dx = d_gate.matmul(w_gate) + d_up.matmul(w_up) if need_x else None
+        return dx, dw_gate, dw_up, dw_down
+
+
+def _records(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _lean_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    if _records(hidden_states, self.weight):
+        return LeanRMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
+    return self._hf_forward(hidden_states)
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    return type(module) is nn.Linear and module.bias is None
+
+
+def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+    lean = (
+        _plain_linear(gate)
+        and _plain_linear(up)
+        and _plain_linear(down)
+        and type(self.act_fn).__name__ in _SILU_CLASSES
+    )
+    if lean and _records(x, gate.weight, up.weight, down.weight):
+        return LeanSwiGLU.apply(x, gate.weight, up.weight, down.weight)
+    return self._hf_forward(x)
+
+
+def apply_lean_layers(model: nn.Module) -> int:
+    """Switch the RMSNorm and MLP modules of a qwen2/qwen3/llama `model` to the lean backward (idempotent);
+    returns the number of modules switched. Any other model type: ValueError naming it and what is supported."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in LEAN_MODEL_TYPES:
+        raise ValueError(
+            f"model.lean_activations=true supports model types {sorted(LEAN_MODEL_TYPES)}, not {model_type!r}; "
+            "set model.lean_activations=false"
+        )
+    switched = 0
+    for module in model.modules():
+        name = type(module).__name__
+        lean_forward = (
+            _lean_norm_forward if name in _NORM_CLASSES else _lean_mlp_forward if name in _MLP_CLASSES else None
+        )
+        if lean_forward is None or hasattr(module, "_hf_forward"):
+            continue
+        module._hf_forward = module.forward
+        module.forward = types.MethodType(lean_forward, module)
+        switched += 1
+    return switched
