@@ -9,6 +9,7 @@ Layer 8.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -372,6 +373,10 @@ def main(config: DictConfig) -> None:
         hint = "" if isinstance(e, USER_ERRORS) else " (VERL_FULL_ERROR=1 shows the traceback)"
         print(f"error: {one_line(e)}{hint}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        # the run is over (Ray stopped, logs closed): the interpreter's last garbage collections would walk every
+        # object the imports made (torch, transformers: ~1 s); frozen objects are skipped. atexit still runs.
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -175,3 +175,17 @@ def test_legacy_keys_convert_as_verl_did():
     with pytest.raises(ValueError, match="both actor_rollout_ref.actor.ppo_micro_batch_size=8 and"):
         migrate_legacy_keys(_compose("actor_rollout_ref.actor.ppo_micro_batch_size=8",
                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"), 1, lambda _m: None)  # fmt: skip
+
+
+def test_a_resolved_config_keeps_derived_values_and_still_refuses_a_changed_one():
+    """After `OmegaConf.resolve` a derived key holds a value, not its interpolation: the check accepts it when it
+    is what the interpolation gives in this config, for several keys in one pass, and refuses one set apart."""
+    config = _compose("trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.n=4")
+    OmegaConf.resolve(config)
+    assert config.actor_rollout_ref.rollout.n_gpus_per_node == 1 and config.actor_rollout_ref.ref.rollout_n == 4
+    check_config(config)  # every derived value follows its source key
+    check_config(config)  # and the check left the config as it was
+    assert config.actor_rollout_ref.actor.rollout_n == 4
+    config.actor_rollout_ref.rollout.n_gpus_per_node = 2
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.n_gpus_per_node=2 is not supported"):
+        check_config(config)
