@@ -99,13 +99,14 @@ OURS_BASE = [
 REUSE = ["actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.actor.recompute_old_log_prob=false"]
 REMOVE_PADDING = ["actor_rollout_ref.model.use_remove_padding=true"]
 SHARE_PROMPT = ["actor_rollout_ref.model.share_prompt_prefix=true"]
+LEAN = ["actor_rollout_ref.model.lean_activations=true"]  # RMSNorm/MLP keep only their inputs for backward
 DYNAMIC_BSZ = [
     "actor_rollout_ref.actor.use_dynamic_bsz=true",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=6144",
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=6144",
 ]
-FAST = REUSE + REMOVE_PADDING + SHARE_PROMPT
+FAST = REUSE + REMOVE_PADDING + SHARE_PROMPT + LEAN
 
 # name -> extra overrides. "ours" is the fast configuration on Ray (the default entry point); the others show
 # what each change is worth (the rollout's shared prefill and early stop have no switch: every variant has them).
@@ -114,6 +115,7 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours-single_process": FAST + ["trainer.single_process=true"],  # the worker in the driver, no Ray
     "ours-ray_nice15": FAST,  # the Ray worker at Ray's own default priority (nice 15), as before this change
     "ours-defaults": [],
+    "ours-not_lean": REUSE + REMOVE_PADDING + SHARE_PROMPT,  # HF's RMSNorm/MLP backward (more saved activations)
     "ours+reuse_logprobs": REUSE,
     "ours+reuse+remove_padding": REUSE + REMOVE_PADDING,
     "ours+dynamic_bsz": FAST + DYNAMIC_BSZ,

@@ -71,17 +71,17 @@ class LeanSwiGLU(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
         need_x, need_gate, need_up, need_down = ctx.needs_input_grad
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        sig = torch.sigmoid(gate)
-        silu_gate = gate * sig
+        silu_gate = F.silu(gate)
         dw_down = None
         if need_down:
             hidden = (silu_gate * up).reshape(-1, up.shape[-1])
-            dw_down = dy2.t().mm(hidden).to(w_down.dtype)
+            dw_down = dy.reshape(-1, dy.shape[-1]).t().mm(hidden).to(w_down.dtype)
+            del hidden
         dh = dy.matmul(w_down)  # (..., intermediate)
         d_up = dh * silu_gate
-        d_gate = dh * up * (sig * (1 + gate * (1 - sig)))
-        del dh, sig, silu_gate
+        del silu_gate
+        d_gate = torch.ops.aten.silu_backward(dh * up, gate)  # one fused pass: d silu(g)/dg
+        del dh
         x2 = x.reshape(-1, x.shape[-1])
         dw_gate = d_gate.reshape(-1, d_gate.shape[-1]).t().mm(x2).to(w_gate.dtype) if need_gate else None
         dw_up = d_up.reshape(-1, d_up.shape[-1]).t().mm(x2).to(w_up.dtype) if need_up else None
