@@ -145,3 +145,12 @@ def test_engine_switch_trains_the_same_step_as_hf_layers(tiny_model_dir):
     frozen = FSDPEngine(model_config={"path": tiny_model_dir, "lean_activations": True}, forward_only=True)
     frozen.initialize()  # a frozen reference keeps HF's layers: nothing to save for
     assert not any(hasattr(m, "_hf_forward") for m in frozen.module.modules())
+
+
+def test_value_model_loader_switches_its_layers(tiny_model_dir):
+    from verl.utils.fsdp_utils import load_token_classification_model
+
+    lean = load_token_classification_model(tiny_model_dir, lean_activations=True)
+    plain = load_token_classification_model(tiny_model_dir)
+    assert sum(hasattr(m, "_hf_forward") for m in lean.modules()) == 3 * lean.config.num_hidden_layers + 1
+    assert not any(hasattr(m, "_hf_forward") for m in plain.modules())

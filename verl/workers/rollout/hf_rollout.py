@@ -283,13 +283,7 @@ class _PreallocatedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache of {self.capacity} positions is full (needs {end})")
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        self.keys, self.values = shared_prefix.write_in_place(self, key_states, value_states)
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:

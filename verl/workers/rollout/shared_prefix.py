@@ -2,7 +2,8 @@
 
 Owns `SharedPrefixCache` (a KV cache holding the prefill of the distinct prompts once, plus a preallocated
 per-row buffer for the response tokens), the attention function that decodes against it (registered with HF's
-`AttentionInterface` as `ATTENTION_NAME`) and `decode_attention`, which switches a model to it for the decode steps.
+`AttentionInterface` as `ATTENTION_NAME`), `decode_attention`, which switches a model to it for the decode steps,
+and `write_in_place`, a preallocated cache layer's write of a step (also used by hf_rollout's per-row cache).
 
 Why: on CPU a decode step's attention is bound by reading the KV cache (~10 GB/s here), and with `rollout.n`
 samples per prompt most of that cache is the same prompt copied n times. Here the scores of a row against its
@@ -49,6 +50,19 @@ def applies_to(config: Any) -> bool:
     )
 
 
+def write_in_place(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor):
+    """Write a step's keys/values at position `layer.length` of the layer's preallocated `key_buffer` and
+    `value_buffer` (`layer.capacity` positions) and return the written part of both: what a preallocated cache
+    layer's `update` does (here and in hf_rollout's per-row cache)."""
+    end = layer.length + key_states.shape[-2]
+    if end > layer.capacity:
+        raise RuntimeError(f"KV cache of {layer.capacity} positions is full (needs {end})")
+    layer.key_buffer[:, :, layer.length : end] = key_states
+    layer.value_buffer[:, :, layer.length : end] = value_states
+    layer.length = end
+    return layer.key_buffer[:, :, :end], layer.value_buffer[:, :, :end]
+
+
 class _SharedPrefixLayer(DynamicLayer):
     """One layer's cache: the distinct prompts' keys/values (G, kv_heads, P, head_dim) as the prefill computed
     them, and a per-row buffer of `capacity` positions for the response tokens, written in place."""
@@ -66,13 +80,7 @@ class _SharedPrefixLayer(DynamicLayer):
             self.keys, self.values = key_states, value_states
             self.is_initialized = True
             return key_states, value_states
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache of {self.capacity} response positions is full (needs {end})")
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return write_in_place(self, key_states, value_states)
 
     def start_decode(self, rows: int) -> None:
         _, heads, _, dim = self.prefix_keys.shape
