@@ -98,15 +98,18 @@ def faults():
     x = torch.ones(16 << 20)  # 64 MiB written: 16384 pages of 4 KiB when they are fresh
     del x
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-faults()
-print(applied, faults())
+counts = [faults() for _ in range(9)]
+print(applied, sum(counts[4:]))
 """
 
 
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_retained_freed_memory_serves_the_next_step_without_page_faults(setting):
-    """With VERL_RETAIN_FREED_MEMORY=1 (the default) a block freed and allocated again reuses its pages; with 0,
-    glibc unmaps it and the next allocation faults every page in again (the control)."""
+    """With VERL_RETAIN_FREED_MEMORY=1 (the default) a block freed and allocated again, step after step, reuses
+    pages the heap keeps; with 0, glibc unmaps it and every allocation faults all its pages in again (the control).
+    Counted over 5 steps after 4 warm-up steps, and less than one fresh block in all: a small allocation can land
+    in the freed block and split it, so in about half the processes one of the first steps still takes fresh pages
+    at the heap's top (steps 2 or 3 in 30 runs here, never later)."""
     import subprocess
     import sys
 
@@ -115,9 +118,9 @@ def test_retained_freed_memory_serves_the_next_step_without_page_faults(setting)
                          text=True, check=True).stdout.split()  # fmt: skip
     applied, faults = out[0] == "True", int(out[1])
     if setting == "1":
-        assert applied and faults < 1000
+        assert applied and faults < 16000
     else:
-        assert not applied and faults > 8000
+        assert not applied and faults > 5 * 16000
 
 
 def test_a_bad_retain_setting_is_refused(monkeypatch):
