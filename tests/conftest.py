@@ -42,3 +42,16 @@ def tiny_model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_qwen2")
     build_tiny_model(str(out), size="xs", seed=0)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def own_process_group():
+    """For modules whose tests `initialize()` an engine here (a one-process torch.distributed group in this
+    process): end the group after the module, so that tests which fork 2-rank children later in the session start
+    from a process without one (a child that inherits a group hangs)."""
+    import torch.distributed as dist
+
+    started = not dist.is_initialized()
+    yield
+    if started and dist.is_initialized():
+        dist.destroy_process_group()

@@ -126,6 +126,7 @@ def test_unsupported_model_type_is_refused_with_its_name():
         apply_lean_layers(model)
 
 
+@pytest.mark.usefixtures("own_process_group")  # the engine starts a one-process group here
 def test_engine_switch_trains_the_same_step_as_hf_layers(tiny_model_dir):
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 

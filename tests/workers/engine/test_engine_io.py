@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from verl.workers.engine import (
     EngineRegistry,
@@ -18,15 +17,7 @@ from verl.workers.engine import (
 )
 from verl.workers.rollout.inference_engine import build_inference_engine
 
-
-@pytest.fixture(autouse=True, scope="module")
-def own_process_group():
-    """`initialize()` starts a one-process group here; end it after this module, so that tests which fork
-    2-rank children later in the session start from a process without one."""
-    started = not dist.is_initialized()
-    yield
-    if started and dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("own_process_group")  # tests/conftest.py
 
 
 def full_params(module) -> dict[str, torch.Tensor]:
