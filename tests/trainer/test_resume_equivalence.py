@@ -31,8 +31,8 @@ def test_resumes_at_an_epoch_boundary_and_mid_epoch_match_the_uninterrupted_run(
     run_ppo(_args(tiny_model_dir, data_dir, full, "trainer.total_epochs=2"), tmp_path)
     run_ppo(_args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", "trainer.total_training_steps=2"), tmp_path)
     assert not os.path.exists(split / "global_step_3")
-    for stop, resumed_from in (("trainer.total_training_steps=3", "global_step_2"), (None, "global_step_3")):
-        proc = run_ppo(_args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", *[stop] * bool(stop)), tmp_path)
+    for extra, resumed_from in ((["trainer.total_training_steps=3"], "global_step_2"), ([], "global_step_3")):
+        proc = run_ppo(_args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", *extra), tmp_path)
         assert "resuming from" in proc.stdout and resumed_from in proc.stdout
     m_full, m_split = step_metrics(full), step_metrics(split)
     assert sorted(m_full) == sorted(m_split) == [1, 2, 3, 4]

@@ -104,6 +104,8 @@ def _plain_linear(module: nn.Module) -> bool:
 
 
 def _lean_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if not torch.is_grad_enabled():  # the rollout's decode steps: nothing to save, so no checks either
+        return self._hf_forward(x)
     gate, up, down = self.gate_proj, self.up_proj, self.down_proj
     lean = (
         _plain_linear(gate)
