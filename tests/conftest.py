@@ -9,6 +9,12 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_configure(config):
+    from tests.multirank import preload_fork_server
+
+    preload_fork_server()  # before any test starts the fork server (2-rank tests, reward managers' pools)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

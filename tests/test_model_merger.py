@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from tests.multirank import run_ranks
 from verl.model_merger import main, merge_shards
 from verl.models.tiny import random_qwen2
 from verl.utils.checkpoint import FSDPCheckpointManager
@@ -208,11 +208,10 @@ def _two_rank_save_worker(rank: int, world_size: int, port: int, ckpt_dir: str, 
     os._exit(0)
 
 
-@pytest.mark.slow  # spawns 2 processes importing torch + transformers, then the merger subprocess
-def test_merge_two_rank_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(REPO_ROOT)
+@pytest.mark.slow  # 2 ranks (tests/multirank.py), then the merger subprocess
+def test_merge_two_rank_checkpoint(tmp_path):
     ckpt, full_path = str(tmp_path / "ckpt"), str(tmp_path / "full.pt")
-    mp.start_processes(_two_rank_save_worker, args=(2, free_port(), ckpt, full_path), nprocs=2, start_method="spawn")
+    run_ranks(_two_rank_save_worker, 2, free_port(), ckpt, full_path)
     shards = [torch.load(os.path.join(ckpt, f"model_world_size_2_rank_{r}.pt")) for r in range(2)]
     assert [s["model.layers.0.mlp.gate_proj.weight"].shape[0] for s in shards] == [23, 22]
     base = tmp_path / "base"

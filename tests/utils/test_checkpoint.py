@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from tests.multirank import run_ranks
 from verl.models.tiny import random_qwen2
 from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.fsdp_utils import (
@@ -25,7 +25,6 @@ from verl.utils.fsdp_utils import (
 )
 
 OPTIM_CFG = {"lr": 1e-2, "eps": 1e-6, "lr_warmup_steps": 1, "warmup_style": "cosine", "min_lr_ratio": 0.1}
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny_qwen2(seed: int = 0, tie: bool = False, layers: int = 2) -> Qwen2ForCausalLM:
@@ -198,11 +197,10 @@ def _two_rank_checkpoint_worker(rank: int, world_size: int, port: int, ckpt_dir:
     destroy_distributed()
 
 
-@pytest.mark.slow  # spawning 2 processes that import torch + transformers: ~15 s idle machine, more when loaded
-def test_two_ranks_save_perturb_load_restores_everything(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(REPO_ROOT)  # the spawned processes import this test module by name
+@pytest.mark.slow  # 2 ranks forked from the preloaded fork server (tests/multirank.py)
+def test_two_ranks_save_perturb_load_restores_everything(tmp_path):
     ckpt_dir = str(tmp_path / "ckpt")
-    mp.start_processes(_two_rank_checkpoint_worker, args=(2, free_port(), ckpt_dir), nprocs=2, start_method="spawn")
+    run_ranks(_two_rank_checkpoint_worker, 2, free_port(), ckpt_dir)
     assert sorted(f for f in os.listdir(ckpt_dir) if f.startswith("model_")) == [
         "model_world_size_2_rank_0.pt",
         "model_world_size_2_rank_1.pt",

@@ -3,15 +3,14 @@
 import copy
 import math
 import os
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.fsdp import FSDPModule
 from transformers import Qwen2ForCausalLM
 
+from tests.multirank import run_ranks
 from verl.models.tiny import random_qwen2
 from verl.utils.device import get_device_name, get_dist_backend, get_torch_device
 from verl.utils.fsdp_utils import (
@@ -30,7 +29,6 @@ from verl.utils.fsdp_utils import (
 )
 
 OPTIM_CFG = {"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-6}
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny_qwen2(seed: int = 0, tie: bool = False) -> Qwen2ForCausalLM:
@@ -159,18 +157,11 @@ def _two_rank_step_worker(rank: int, world_size: int, port: int, out_path: str, 
     destroy_distributed()
 
 
-def spawn(fn, nprocs: int, *args, monkeypatch) -> None:
-    """Run fn(rank, nprocs, port, *args) in `nprocs` fresh processes (they import this module from the repo root)."""
-    monkeypatch.syspath_prepend(REPO_ROOT)
-    assert any(os.path.samefile(p, REPO_ROOT) for p in sys.path if os.path.isdir(p))
-    mp.start_processes(fn, args=(nprocs, free_port(), *args), nprocs=nprocs, start_method="spawn")
-
-
-@pytest.mark.slow  # spawning 2 processes that import torch + transformers: ~15 s idle machine, more when loaded
+@pytest.mark.slow  # 2 ranks forked from the preloaded fork server (tests/multirank.py)
 @pytest.mark.parametrize("fsdp_size", [-1, 1])  # 1: verl's fsdp_size as a (ddp 2, fsdp 1) mesh, hybrid sharding
-def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, monkeypatch, fsdp_size):
+def test_two_ranks_adamw_step_matches_one_process_on_whole_batch(tmp_path, fsdp_size):
     out_path = str(tmp_path / "two_rank.pt")
-    spawn(_two_rank_step_worker, 2, out_path, fsdp_size, monkeypatch=monkeypatch)
+    run_ranks(_two_rank_step_worker, 2, free_port(), out_path, fsdp_size)
 
     reference = tiny_qwen2(seed=0)
     ref_optim = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-6)
@@ -213,11 +204,11 @@ def _unsharded_worker(rank: int, world_size: int, port: int, out_path: str) -> N
 
 
 @pytest.mark.slow
-def test_unsharded_runs_uneven_forwards_without_collectives_then_trains_resharded(tmp_path, monkeypatch):
+def test_unsharded_runs_uneven_forwards_without_collectives_then_trains_resharded(tmp_path):
     """What the hf engine does with the actor's own FSDP2 module: gather once, generate (ranks stop at different
     lengths), reshard; the forwards inside equal the plain model's and the training step after is unchanged."""
     out_path = str(tmp_path / "unsharded.pt")
-    spawn(_unsharded_worker, 2, out_path, monkeypatch=monkeypatch)
+    run_ranks(_unsharded_worker, 2, free_port(), out_path)
     result = torch.load(out_path, weights_only=True)
     reference = tiny_qwen2(seed=0)
     ids = batch_ids()

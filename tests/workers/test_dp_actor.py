@@ -3,13 +3,13 @@
 import copy
 import os
 import tempfile
-import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from tests.multirank import run_ranks
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import free_port
 from verl.workers.actor import DataParallelPPOActor
@@ -348,19 +348,8 @@ def run_dp_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_two_rank_fsdp2_equals_one_process_on_the_whole_batch():
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as out_dir:
-        # fork: the children reuse this process's imports (spawning would re-import transformers twice)
-        context = mp.start_processes(
-            run_dp_rank, args=(2, free_port(), out_dir), nprocs=2, join=False, start_method="fork"
-        )
-        deadline = time.monotonic() + 120
-        while not context.join(timeout=2):  # raises if a rank failed
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail("the 2-rank run did not finish within 120 s")
+        run_ranks(run_dp_rank, 2, free_port(), out_dir)
         dp_params = torch.load(os.path.join(out_dir, "params.pt"))
         dp_metrics = [torch.load(os.path.join(out_dir, f"metrics_{r}.pt")) for r in range(2)]
 
@@ -415,18 +404,8 @@ def run_padded_rank(rank: int, world_size: int, port: int, out_dir: str, loss_ag
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_padding_rows_of_an_odd_batch_are_not_trained_on(loss_agg_mode):
     """2 ranks, 7 rows: the padded update (rank 1 holds a copy of row 0) equals one process on the 7 real rows."""
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as out_dir:
-        context = mp.start_processes(
-            run_padded_rank, args=(2, free_port(), out_dir, loss_agg_mode), nprocs=2, join=False, start_method="fork"
-        )
-        deadline = time.monotonic() + 120
-        while not context.join(timeout=2):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail("the 2-rank run did not finish within 120 s")
+        run_ranks(run_padded_rank, 2, free_port(), out_dir, loss_agg_mode)
         dp_params = torch.load(os.path.join(out_dir, "params.pt"))
 
     model = make_model()

@@ -7,7 +7,9 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
+from tests.multirank import run_ranks
 from verl.protocol import DataProto
+from verl.utils.fsdp_utils import free_port
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.actor.dp_actor import micro_batch_plan
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
@@ -268,23 +270,7 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
 def test_two_rank_fsdp2_update_equals_one_process(layout, tmp_path):
     """Under FSDP2 every rank must run as many forwards: the shared-prompt layout always makes two model calls,
     and dynamic batch size gives every rank the largest micro-batch count. Gradients match one process."""
-    import socket
-    import time
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.start_processes(
-        run_fsdp_rank, args=(2, port, str(tmp_path), layout), nprocs=2, join=False, start_method="fork"
-    )
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=2):  # raises if a rank failed
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the 2-rank run did not finish within 120 s")
+    run_ranks(run_fsdp_rank, 2, free_port(), str(tmp_path), layout)
     dp_params = torch.load(tmp_path / "params.pt")
     reference, _ = updated_params()  # one process, all 8 rows, padded
     assert max((dp_params[k] - reference[k]).abs().max().item() for k in reference) < 1e-5

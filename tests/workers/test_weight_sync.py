@@ -8,12 +8,12 @@ one bucket plus the largest tensor (engines that take buckets, as sglang).
 
 import os
 import tempfile
-import time
 
 import pytest
 import torch
 from torch import nn
 
+from tests.multirank import run_ranks
 from verl.models.tiny import random_qwen2
 from verl.utils.fsdp_utils import free_port
 from verl.workers.lora import apply_lora
@@ -240,19 +240,8 @@ def _run_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_synced_engine_log_probs_equal_the_actors_holding_one_tensor_or_bucket(world_size):
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as out_dir:
-        # spawn, not fork: a forked child would inherit a process group an earlier test left in this process
-        context = mp.start_processes(
-            _run_rank, args=(world_size, free_port(), out_dir), nprocs=world_size, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + 120
-        while not context.join(timeout=1):  # raises if a rank failed
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"the {world_size}-rank run did not finish within 120 s")
+        run_ranks(_run_rank, world_size, free_port(), out_dir)
         results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]
     assert results[0].pop("export") == {"same": True, "cpu": True, "bounded": True, "several": True, "again": True}
     assert all(r.pop("export") == {"none": True, "again": True} for r in results[1:])

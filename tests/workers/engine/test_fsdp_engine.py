@@ -12,13 +12,13 @@ import copy
 import functools
 import os
 import tempfile
-import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
+from tests.multirank import run_ranks
 from verl.models.tiny import random_qwen2
 from verl.protocol import DataProto
 from verl.utils import tensordict_utils as tu
@@ -236,22 +236,12 @@ def run_packed_rank(rank: int, world_size: int, port: int, out_dir: str) -> None
 
 
 def test_packed_loss_on_two_fsdp2_ranks_equals_one_process_on_all_rows():
-    import torch.multiprocessing as mp
-
     base = make_model(3)
     reference = hand_loss(base, packed_batch())
     reference.backward()
     torch.optim.SGD(base.parameters(), lr=0.5).step()
     with tempfile.TemporaryDirectory() as out_dir:
-        # spawn, not fork: a forked child would inherit the process group an earlier test left in this process
-        context = mp.start_processes(run_packed_rank, args=(2, free_port(), out_dir), nprocs=2, join=False,
-                                     start_method="spawn")  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not context.join(timeout=2):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail("the 2-rank run did not finish within 120 s")
+        run_ranks(run_packed_rank, 2, free_port(), out_dir)
         result = torch.load(os.path.join(out_dir, "result.pt"))
     assert result["stats"]["loss"] == pytest.approx(float(reference), abs=1e-6)
     assert max_diff(params(base), result["params"]) < 1e-6
