@@ -30,21 +30,31 @@ def _reference_attention(q, prefix_k, prefix_v, prefix_pad, groups, suffix_k, su
     return out.transpose(1, 2)  # (rows, 1, heads, dim)
 
 
-def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave():
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [0, 0, 0, 1, 2, 2],  # uneven groups: 3, 1 and 2 rows per prompt (rows scattered into the packed grid)
+        [0, 0, 1, 1, 2, 2],  # GRPO's layout: 2 rows per prompt, in prompt order (the grid is the rows, transposed)
+    ],
+    ids=["uneven", "grid"],
+)
+def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave(rows):
     torch.manual_seed(0)
     heads, kv_heads, dim, prompt_len, steps = 4, 2, 8, 5, 3
-    groups = torch.tensor([0, 0, 0, 1, 2, 2])  # uneven groups: 3, 1 and 2 rows per prompt
+    groups = torch.tensor(rows)
     prompt_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
     prefix_k, prefix_v = torch.randn(3, kv_heads, prompt_len, dim), torch.randn(3, kv_heads, prompt_len, dim)
     cache = shared_prefix.SharedPrefixCache(num_layers=1, capacity=steps)
     cache.layers[0].update(prefix_k, prefix_v)  # the prefill
     cache.start_decode(groups, prompt_mask)
+    assert cache.fills_grid == (rows == [0, 0, 1, 1, 2, 2])
     assert cache.get_seq_length() == prompt_len
     suffix_k, suffix_v = torch.empty(6, kv_heads, 0, dim), torch.empty(6, kv_heads, 0, dim)
     for step in range(steps):
-        if step == 2:  # rows 1 and 3 finish: row 3 was its prompt's only row
+        if step == 2:  # rows 1 and 3 finish (uneven: row 3 was its prompt's only row)
             keep = torch.tensor([0, 2, 4, 5])
             cache.batch_select_indices(keep)
+            assert not cache.fills_grid
             groups, suffix_k, suffix_v = groups[keep], suffix_k[keep], suffix_v[keep]
         new_k, new_v = torch.randn(len(groups), kv_heads, 1, dim), torch.randn(len(groups), kv_heads, 1, dim)
         keys, values = cache.layers[0].update(new_k, new_v)

@@ -104,39 +104,48 @@ class SharedPrefixCache(Cache):
     def start_decode(self, groups: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         """groups: (rows,) index of each row's prompt among the prefilled ones. prompt_mask: (distinct prompts, P)
         the prefill's attention mask (0 on left padding)."""
-        self.groups = groups
         counts = torch.bincount(groups)
         self.group_size = int(counts.max())
+        self.num_prompts = len(counts)
         # each row's place among its prompt's rows: the rows of the packed (prompts, group_size) query grid
         order = torch.sort(groups, stable=True).indices
         starts = torch.cumsum(counts, 0) - counts
         slots = torch.empty_like(groups)
         slots[order] = torch.arange(len(groups), device=groups.device) - starts[groups[order]]
-        self.slots = slots
-        self.num_prompts = len(counts)
+        self._set_rows(groups * self.group_size + slots)
         pad = ~prompt_mask.bool()
-        self.prefix_pad = pad[groups][:, None, None, :] if pad.any() else None  # (rows, 1, 1, P)
+        self.prefix_pad = pad[:, None, None, :] if pad.any() else None  # (prompts, 1, 1, P), applied packed
         for layer in self.layers:
             layer.start_decode(len(groups))
 
+    def _set_rows(self, places: torch.Tensor) -> None:
+        """places: (rows,) each row's place in the (prompts * group_size) grid. When the rows fill the grid in its
+        order (GRPO's n samples of each prompt, before any row finished), packing is a transpose, no scatter."""
+        self.places = places
+        grid = self.num_prompts * self.group_size
+        self.fills_grid = len(places) == grid and bool((places == torch.arange(grid, device=places.device)).all())
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.groups, self.slots = self.groups[indices], self.slots[indices]
-        if self.prefix_pad is not None:
-            self.prefix_pad = self.prefix_pad[indices]
+        self._set_rows(self.places[indices])
         for layer in self.layers:
             layer.batch_select_indices(indices)
 
     def _pack(self, rows: torch.Tensor) -> torch.Tensor:
-        """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries."""
+        """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries
+        (zeros where the grid has no row)."""
         _, kv_heads, q, x = rows.shape
-        packed = rows.new_zeros(self.num_prompts, kv_heads, self.group_size, q, x)
-        packed[self.groups, :, self.slots] = rows
-        return packed.view(self.num_prompts, kv_heads, self.group_size * q, x)
+        if not self.fills_grid:
+            grid = rows.new_zeros(self.num_prompts * self.group_size, kv_heads, q, x)
+            rows = grid.index_copy_(0, self.places, rows)
+        grid = rows.view(self.num_prompts, self.group_size, kv_heads, q, x).transpose(1, 2)
+        return grid.reshape(self.num_prompts, kv_heads, self.group_size * q, x)
 
     def _unpack(self, packed: torch.Tensor, q: int) -> torch.Tensor:
         """The inverse of `_pack`: (prompts, kv_heads, group_size * q, x) -> (rows, kv_heads, q, x)."""
         prompts, kv_heads, _, x = packed.shape
-        return packed.view(prompts, kv_heads, self.group_size, q, x)[self.groups, :, self.slots]
+        grid = packed.view(prompts, kv_heads, self.group_size, q, x).transpose(1, 2)
+        grid = grid.reshape(prompts * self.group_size, kv_heads, q, x)
+        return grid if self.fills_grid else grid.index_select(0, self.places)
 
 
 def _shared_prefix_attention(
@@ -159,17 +168,12 @@ def _shared_prefix_attention(
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
-    prefix_scores = shared_prefix._unpack(
-        torch.matmul(shared_prefix._pack(q), layer.prefix_keys.transpose(-1, -2)), per_kv
-    )
-    scores = torch.cat([prefix_scores, torch.matmul(q, key.transpose(-1, -2))], dim=-1)
-    scores = scores.float()
-    if shared_prefix.prefix_pad is not None:
-        scores[..., :prompt_len].masked_fill_(shared_prefix.prefix_pad, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(query.dtype)
-    out = shared_prefix._unpack(
-        torch.matmul(shared_prefix._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv
-    )
+    prefix_scores = torch.matmul(shared_prefix._pack(q), layer.prefix_keys.transpose(-1, -2))
+    if shared_prefix.prefix_pad is not None:  # once per prompt, before its scores are copied to its rows
+        prefix_scores.masked_fill_(shared_prefix.prefix_pad, float("-inf"))
+    scores = torch.cat([shared_prefix._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    out = shared_prefix._unpack(torch.matmul(shared_prefix._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv)
     out = out + torch.matmul(probs[..., prompt_len:], value)
     return out.reshape(rows, 1, heads, dim), None
 
