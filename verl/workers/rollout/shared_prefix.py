@@ -134,9 +134,8 @@ class SharedPrefixCache(Cache):
         """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries
         (zeros where the grid has no row)."""
         _, kv_heads, q, x = rows.shape
-        if not self.fills_grid:
-            grid = rows.new_zeros(self.num_prompts * self.group_size, kv_heads, q, x)
-            rows = grid.index_copy_(0, self.places, rows)
+        if not self.fills_grid:  # each row to its place; places without a row stay zero
+            rows = rows.new_zeros(self.num_prompts * self.group_size, kv_heads, q, x).index_copy_(0, self.places, rows)
         grid = rows.view(self.num_prompts, self.group_size, kv_heads, q, x).transpose(1, 2)
         return grid.reshape(self.num_prompts, kv_heads, self.group_size * q, x)
 
