@@ -53,8 +53,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def own_process_group():
     """For modules whose tests `initialize()` an engine here (a one-process torch.distributed group in this
-    process): end the group after the module, so that tests which fork 2-rank children later in the session start
-    from a process without one (a child that inherits a group hangs)."""
+    process): end the group after the module, so that later tests that start a group of their own in this process
+    find none."""
     import torch.distributed as dist
 
     started = not dist.is_initialized()

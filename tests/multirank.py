@@ -38,10 +38,10 @@ def preload_fork_server() -> None:
 
 def run_ranks(fn, world_size: int, port: int, *args, timeout_s: float = 120) -> None:
     """Run fn(rank, world_size, port, *args) for every rank; fail the test if a rank raises or they all take longer
-    than timeout_s (a rank that waits for a dead peer would otherwise hang the suite)."""
+    than timeout_s (a rank that waits for a dead peer would otherwise hang the suite). The fork server's preload is
+    set once, by tests/conftest.py at session start."""
     import torch.multiprocessing as mp
 
-    preload_fork_server()
     context = mp.start_processes(fn, args=(world_size, port, *args), nprocs=world_size, join=False,
                                  start_method="forkserver")  # fmt: skip
     deadline = time.monotonic() + timeout_s

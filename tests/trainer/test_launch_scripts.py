@@ -55,9 +55,7 @@ def rlla_data(tmp_path_factory) -> Path:
     return out
 
 
-def _launch(
-    script: str, model: str, data: Path, run_dir: Path, *extra: str
-) -> tuple[subprocess.CompletedProcess, dict]:
+def _launch(script: str, model: str, data: Path, run_dir: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable,
            "BASE_MODEL": model, "DATA_DIR": str(data), "N_GPUS": "1", "ROLLOUT_TP_SIZE": "1",
            "EXPERIMENT_NAME": run_dir.name, "WANDB_MODE": "offline", "WANDB_DIR": str(run_dir)}  # fmt: skip

@@ -29,9 +29,7 @@ def test_resumes_at_an_epoch_boundary_and_mid_epoch_match_the_uninterrupted_run(
     data_dir = write_data(tmp_path, n_train=8)
     full, split = tmp_path / "full", tmp_path / "split"
     run_ppo(_args(tiny_model_dir, data_dir, full, "trainer.total_epochs=2"), tmp_path)
-    run_ppo(
-        _args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", "trainer.total_training_steps=2"), tmp_path
-    )
+    run_ppo(_args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", "trainer.total_training_steps=2"), tmp_path)
     assert not os.path.exists(split / "global_step_3")
     for extra, resumed_from in ((["trainer.total_training_steps=3"], "global_step_2"), ([], "global_step_3")):
         proc = run_ppo(_args(tiny_model_dir, data_dir, split, "trainer.total_epochs=2", *extra), tmp_path)

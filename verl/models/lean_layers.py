@@ -7,8 +7,9 @@ backward: 1 + 4 * intermediate/hidden values per token (12 KB a token in float32
 `LeanSwiGLU` keeps x, gate(x) and up(x) and recomputes silu and the product in backward (6.5 KB). HF's RMSNorm keeps
 its input, 1/rms and the normalised input; `LeanRMSNorm` keeps the input and 1/rms. On a Qwen2 layer that is
 38% of the decoder's saved activations (bench model, 32 x 160 tokens); backward recomputes two element-wise passes,
-forward writes three fewer tensors, and the matmuls are the same: measured 6-8% faster forward+backward there. This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so it runs
-anywhere; it is `model.lean_activations` (an extension of ours, default false as verl has no such key).
+forward writes three fewer tensors, and the matmuls are the same: measured 6-8% faster forward+backward there.
+This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so it runs anywhere; it is
+`model.lean_activations` (an extension of ours, default false as verl has no such key).
 
 `apply_lean_layers(model)` switches the forward of every matching module of a qwen2, qwen3 or llama model (their
 RMSNorm and MLP classes, by name) and returns how many it switched. The switch only takes the lean path when

@@ -18,9 +18,7 @@ from omegaconf import OmegaConf
 from verl.trainer.config import CONFIG_YAML, check_config, migrate_legacy_keys, prepare_config
 from verl.trainer.config.key_policy import ALSO_ALLOWED, NO_EFFECT, REFUSED
 
-VERL_DEFAULTS = json.loads(
-    (Path(__file__).parents[2] / "fixtures" / "verl_0_9_1_ppo_trainer_defaults.json").read_text()
-)
+VERL_DEFAULTS = json.loads((Path(__file__).parents[2] / "fixtures" / "verl_0_9_1_ppo_trainer_defaults.json").read_text())
 
 
 def _compose(*overrides: str):
@@ -64,9 +62,7 @@ def _refused_keys():
     keys = []
     for patterns in REFUSED.values():
         for pattern in patterns:
-            derived = [
-                k for k in VERL_DEFAULTS if isinstance(VERL_DEFAULTS[k], str) and VERL_DEFAULTS[k].startswith("${")
-            ]
+            derived = [k for k in VERL_DEFAULTS if isinstance(VERL_DEFAULTS[k], str) and VERL_DEFAULTS[k].startswith("${")]
             path = next((k for k in VERL_DEFAULTS if fnmatch.fnmatchcase(k, pattern) and k not in derived), None)
             if path is not None:
                 default = OmegaConf.select(resolved, path, throw_on_missing=False)
@@ -120,10 +116,7 @@ def test_refusal_and_notice_messages_on_the_command_line():
     [
         ("data.train_batch_size=eight", "data.train_batch_size='eight' has type str; expected int"),
         ("actor_rollout_ref.actor.use_kl_loss=3", "actor_rollout_ref.actor.use_kl_loss=3 has type int; expected bool"),
-        (
-            "actor_rollout_ref.actor.optim.lr=fast",
-            "actor_rollout_ref.actor.optim.lr='fast' has type str; expected float",
-        ),
+        ("actor_rollout_ref.actor.optim.lr=fast", "actor_rollout_ref.actor.optim.lr='fast' has type str; expected float"),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2.5", "ppo_micro_batch_size_per_gpu=2.5 has type float"),
         ("+trainer.no_such_key=1", "trainer.no_such_key is not a config key of verl 0.9.1"),
     ],

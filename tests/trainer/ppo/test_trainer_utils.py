@@ -40,10 +40,7 @@ def test_a_valid_config_passes():
             "recompute_old_log_prob=false skips; set it to true",
         ),
         (["algorithm.adv_estimator=gdpo"], "adv_estimator=gdpo needs algorithm.gdpo_reward_keys"),
-        (
-            ["actor_rollout_ref.actor.policy_loss.loss_mode=dro"],
-            "dro_beta=None; policy_loss.loss_mode=dro needs a positive",
-        ),  # fmt: skip
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "dro_beta=None; policy_loss.loss_mode=dro needs a positive"),  # fmt: skip
         (
             ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.0"],
             "dro_beta=0.0",
