@@ -313,6 +313,53 @@ def test_head_token_stats_equal_the_full_logits_one_chunk_alive_at_a_time():
     assert rows_seen[8:] == [4, 4, 2]
 
 
+@pytest.mark.parametrize("entropy_grad", [True, False], ids=["entropy_grad", "entropy_no_grad"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_linear_head_stats_equal_the_full_logits_with_its_own_backward(dtype, entropy_grad, monkeypatch):
+    """A plain nn.Linear head (bias, temperature 0.7) takes `_LinearHeadStats`: statistics and gradients equal the
+    full logits' (float64: to 1e-10), chunk by chunk, each chunk's logits made once in forward and once in backward,
+    and the checkpointed path (a head with a hook) gives the same numbers."""
+    from verl.workers.engine import model_forward
+    from verl.workers.engine.model_forward import HeadSpec, head_token_stats
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, VOCAB, dtype=dtype)
+    hidden = (3 * torch.randn(10, 16, dtype=dtype)).requires_grad_()  # spread-out logits: a peaked softmax
+    labels = torch.randint(0, VOCAB, (10,))
+    weights = torch.randn(2, 10, dtype=dtype)
+    log_softmax = torch.log_softmax(head(hidden) / 0.7, dim=-1)  # the reference, in the head's dtype
+    log_prob = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    entropy, sum_sq = -(log_softmax.exp() * log_softmax).sum(-1), (log_softmax.exp() ** 2).sum(-1)
+    loss_weights = (weights[0], weights[1] if entropy_grad else torch.zeros_like(weights[1]))
+    (loss_weights[0] * log_prob + loss_weights[1] * entropy).sum().backward()
+    expected = [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()]
+    hidden.grad = head.weight.grad = head.bias.grad = None
+
+    rows_seen = []
+    linear_logits = model_forward._linear_logits
+    monkeypatch.setattr(
+        model_forward, "_linear_logits", lambda h, *a: rows_seen.append(h.shape[0]) or linear_logits(h, *a)
+    )
+    spec = HeadSpec(temperature=0.7, entropy=True, entropy_grad=entropy_grad, sum_pi_squared=True)
+    stats = head_token_stats(hidden, head, labels, spec, chunk_rows=3)
+    assert rows_seen == [3, 3, 3, 1]
+    tolerance = {"atol": 1e-10 if dtype == torch.float64 else 2e-5, "rtol": 0}
+    for column, value in enumerate([log_prob, entropy, sum_sq]):
+        torch.testing.assert_close(stats[:, column], value.detach(), **tolerance)
+    (weights[0] * stats[:, 0] + weights[1] * stats[:, 1]).sum().backward()  # entropy's weight counts only with grad
+    assert sorted(rows_seen[4:]) == [1, 3, 3, 3]
+    torch.testing.assert_close([hidden.grad, head.weight.grad, head.bias.grad], expected, **tolerance)
+
+    hooked_grads = [hidden.grad.clone(), head.weight.grad.clone()]
+    hidden.grad = head.weight.grad = head.bias.grad = None
+    head.register_forward_hook(lambda *args: None)  # any other head module: the checkpointed general path
+    checkpointed = head_token_stats(hidden, head, labels, spec, chunk_rows=3)
+    assert len(rows_seen) == 8  # not through _LinearHeadStats
+    torch.testing.assert_close(checkpointed, stats, atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=0)
+    (weights[0] * checkpointed[:, 0] + weights[1] * checkpointed[:, 1]).sum().backward()
+    torch.testing.assert_close([hidden.grad, head.weight.grad], hooked_grads, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
 def test_actor_forward_in_vocab_chunks_equals_the_full_logits(layout, lora, monkeypatch):
