@@ -291,7 +291,7 @@ def test_prime_manager_shares_a_process_safe_cap(sandbox):
     config = _sandbox_config(sandbox, "++reward.sandbox_fusion.max_concurrent=1")
     scorer = sandbox_fusion_compute_score(config, PrimeRewardManager)
     assert not isinstance(scorer.keywords["concurrent_semaphore"], type(threading.Semaphore()))
-    manager = PrimeRewardManager(_CharTokenizer(), 0, compute_score=scorer, start_method="fork", num_processes=2)
+    manager = PrimeRewardManager(_CharTokenizer(), 0, compute_score=scorer, num_processes=2)
     sleepy = "```python\nimport time\ntime.sleep(0.2)\nprint(sum(map(int, input().split())))\n```"
     tensor, _ = compute_reward(_batch([sleepy, sleepy], [SUM_CASES] * 2, ["apps", "apps"]), manager)
     assert tensor.sum(-1).tolist() == [1.0, 1.0]

@@ -104,7 +104,7 @@ def test_load_reward_manager_kwargs_and_unknown_name(char_tokenizer, make_batch,
         reward_model={"reward_manager": "prime", "reward_kwargs": {"timeout_s": 30}},
         custom_reward_function={"path": custom_file, "name": "with_step"},
     )
-    manager = load_reward_manager(config, char_tokenizer, num_examine=0, start_method="fork", num_processes=2)
+    manager = load_reward_manager(config, char_tokenizer, num_examine=0, num_processes=2)
     assert isinstance(manager, PrimeRewardManager) and manager.timeout_s == 30 and manager.num_processes == 2
     data = make_batch(["a", "b"], ["a", "b"], ["d", "d"], meta_info={"global_steps": 7})
     tensor, _ = compute_reward(data, manager)

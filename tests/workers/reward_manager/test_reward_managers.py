@@ -261,9 +261,7 @@ def prime_scorer(tmp_path):
 def test_prime_parallel_timeout_and_dead_process(char_tokenizer, make_batch, prime_scorer):
     fn = CustomRewardFunction(prime_scorer, "compute_score", {"delay": 0.8})
     data = make_batch(["a", "b", "x", "y"], ["a", "b", "x", "q"], ["s"] * 4)
-    manager = PrimeRewardManager(
-        char_tokenizer, 0, compute_score=fn, num_processes=4, timeout_s=30, start_method="fork"
-    )
+    manager = PrimeRewardManager(char_tokenizer, 0, compute_score=fn, num_processes=4, timeout_s=30)
     start = time.monotonic()
     out = manager(data, return_dict=True)
     assert time.monotonic() - start < 4 * 0.8  # four 0.8 s samples side by side, not one after another
@@ -273,16 +271,14 @@ def test_prime_parallel_timeout_and_dead_process(char_tokenizer, make_batch, pri
     bad = make_batch(["a", "hang", "die", "raise"], ["a", "", "", ""], ["s", "t", "u", "v"])
     quick = CustomRewardFunction(prime_scorer, "compute_score")
     manager = PrimeRewardManager(
-        char_tokenizer, 0, compute_score=quick, num_processes=2, timeout_s=1.5, start_method="fork", on_error="zero"
+        char_tokenizer, 0, compute_score=quick, num_processes=2, timeout_s=1.5, on_error="zero"
     )
     start = time.monotonic()
     out = manager(bad, return_dict=True)
     assert time.monotonic() - start < 10
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
     assert out["reward_extra_info"]["reward_errors"] == [0, 1, 1, 1]
-    strict = PrimeRewardManager(
-        char_tokenizer, 0, compute_score=quick, num_processes=2, timeout_s=1.5, start_method="fork"
-    )
+    strict = PrimeRewardManager(char_tokenizer, 0, compute_score=quick, num_processes=2, timeout_s=1.5)
     with pytest.raises(RewardFunctionError, match=r"row 1 \(data_source='t'\): TimeoutError"):
         strict(bad)
     with pytest.raises(RewardFunctionError, match=r"row 0 \(data_source='u'\): scoring process died with exit code 3"):

@@ -7,6 +7,7 @@ import functools
 import pytest
 import torch
 
+from verl.trainer.ppo.reward import CustomRewardFunction
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import (
     BatchRewardManager,
@@ -55,7 +56,10 @@ def test_without_a_custom_function_the_rm_scores_are_the_reward(char_tokenizer, 
         lambda tok: NaiveRewardManager(tok, 0, compute_score=rm_plus_length),
         lambda tok: BatchRewardManager(tok, 0, compute_score=rm_plus_length_batch),
         lambda tok: DAPORewardManager(tok, 0, compute_score=rm_plus_length),
-        lambda tok: PrimeRewardManager(tok, 0, compute_score=rm_plus_length, num_processes=2, start_method="fork"),
+        # the scoring processes fork from the fork server, not from pytest: the function goes as a file handle
+        lambda tok: PrimeRewardManager(
+            tok, 0, compute_score=CustomRewardFunction(__file__, "rm_plus_length"), num_processes=2
+        ),
     ],
 )
 def test_a_custom_function_decides_and_gets_the_rm_score(char_tokenizer, make_batch, manager):

@@ -24,9 +24,10 @@ The LM head (`head=HeadSpec(...)`): a causal LM's output layer over a real vocab
 makes (tokens x vocab) logits, 0.6 MB per token in float32, several times over with the softmax and its autograd
 graph. With a `HeadSpec` the model's own head is swapped, for the call, for `_HeadCall`, which turns the hidden
 states of the kept positions into per-token statistics (log-prob of the label, entropy, sum pi^2) `HEAD_CHUNK_ELEMENTS`
-logits at a time (`head_token_stats`); under autograd each chunk is activation-checkpointed, so forward keeps only
-the chunk's statistics and backward recomputes its logits. One chunk of logits is alive at a time, in forward and
-backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered as for `.logits`.
+logits at a time (`head_token_stats`); under autograd forward keeps only each chunk's inputs and statistics and
+backward recomputes its logits: a plain `nn.Linear` head through `_LinearHeadStats` (one log_softmax per chunk, a
+hand-written backward), any other head module under activation checkpointing. One chunk of logits is alive at a
+time, in forward and backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered as for `.logits`.
 
 Also `prompt_group_order`, which reorders rows so that identical prompts sit together in micro-batches.
 Layer 5 (the engine's forward): torch and the model only, no Ray.
@@ -110,7 +111,7 @@ def _linear_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def _linear_stats(
     logits: torch.Tensor, labels: torch.Tensor, spec: HeadSpec
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`spec`'s statistics (N, C) of one chunk from its float32 logits (overwritten), plus each row's logsumexp and
+    """`spec`'s statistics (N, C) of one chunk from its float32/float64 logits (overwritten), plus each row's logsumexp and
     entropy (None unless `spec.entropy`) for backward. One log_softmax pass; the logsumexp is read off at each row's
     largest logit (log-prob in [-log V, 0] there, so no cancellation)."""
     log_probs = torch.log_softmax(logits, dim=-1)
