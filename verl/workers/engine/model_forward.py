@@ -27,7 +27,8 @@ states of the kept positions into per-token statistics (log-prob of the label, e
 logits at a time (`head_token_stats`); under autograd forward keeps only each chunk's inputs and statistics and
 backward recomputes its logits: a plain `nn.Linear` head through `_LinearHeadStats` (one log_softmax per chunk, a
 hand-written backward), any other head module under activation checkpointing. One chunk of logits is alive at a
-time, in forward and backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered as for `.logits`.
+time, in forward and backward. The head runs inside the model call, so an FSDP2 root has its (tied) weight gathered
+as for `.logits`.
 
 Also `prompt_group_order`, which reorders rows so that identical prompts sit together in micro-batches.
 Layer 5 (the engine's forward): torch and the model only, no Ray.
@@ -86,10 +87,14 @@ class HeadSpec:
     sum_pi_squared: bool = False
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in the statistics' dtype: float32, float64 kept (a no-op for float32 logits)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _chunk_stats(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
     """The general path (any head module: a LoRA-wrapped or hooked head too), under `checkpoint` with autograd."""
-    logits = head(hidden)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = _at_least_float32(head(hidden))
     if spec.temperature != 1.0:  # x / 1.0 is x: no copy of the chunk's logits (and none in backward)
         logits = logits / spec.temperature
     columns = [logprobs_from_logits(logits, labels)]
@@ -103,17 +108,16 @@ def _chunk_stats(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, sp
 
 def _linear_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
     """A chunk's logits / temperature in float32 or float64 (a fresh tensor the caller may overwrite)."""
-    logits = F.linear(hidden, weight, bias)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = _at_least_float32(F.linear(hidden, weight, bias))
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 def _linear_stats(
     logits: torch.Tensor, labels: torch.Tensor, spec: HeadSpec
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`spec`'s statistics (N, C) of one chunk from its float32/float64 logits (overwritten), plus each row's logsumexp and
-    entropy (None unless `spec.entropy`) for backward. One log_softmax pass; the logsumexp is read off at each row's
-    largest logit (log-prob in [-log V, 0] there, so no cancellation)."""
+    """`spec`'s statistics (N, C) of one chunk from its float32/float64 logits (overwritten), plus each row's
+    logsumexp and entropy (None unless `spec.entropy`) for backward. One log_softmax pass; the logsumexp is read
+    off at each row's largest logit (log-prob in [-log V, 0] there, so no cancellation)."""
     log_probs = torch.log_softmax(logits, dim=-1)
     top, top_index = logits.max(dim=-1, keepdim=True)
     log_z = (top - log_probs.gather(-1, top_index)).squeeze(-1)
