@@ -160,6 +160,7 @@ def main(args):
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"before": before, "after": after, "steps": history, "world_size": world}, f)
+    dist.destroy_process_group()  # leaving with the group alive can abort a rank at exit (gloo's threads)
 
 
 if __name__ == "__main__":
