@@ -1,6 +1,8 @@
-"""`main_ppo.init_ray` starts a local Ray session with what a training run needs: Ray's GCS, raylet, agents and
-log monitor, but not the dashboard head nor the autoscaler monitor (stopped once `ray.init` returns), and the
-session still runs an actor and shuts down. Runs in a subprocess: the test session has its own Ray."""
+"""`main_ppo.init_ray` starts a local Ray session with what a training run needs: Ray's GCS, raylet and agents,
+but not the dashboard head, the autoscaler monitor nor the log monitor (stopped once `ray.init` returns); the
+session still runs an actor, the actor's stdout and stderr still reach the driver's with Ray's prefix (a thread
+of the driver tails the worker files: `WorkerLogTail`), and it shuts down. Runs in a subprocess: the test session
+has its own Ray."""
 
 import json
 import os
@@ -12,23 +14,40 @@ import pytest
 pytestmark = pytest.mark.ray
 
 SCRIPT = """
-import json, psutil, ray
+import json, sys, psutil, ray
 from omegaconf import OmegaConf
-from verl.trainer.main_ppo import init_ray
+from verl.trainer.main_ppo import init_ray, shutdown_ray
+
+@ray.remote
+class Speaker:
+    def say(self, n):
+        print("to stdout", n, flush=True)
+        print("to stderr", n, file=sys.stderr, flush=True)
+        print("no newline at the end", end="", flush=True)
+        return n
+
 init_ray(OmegaConf.create({"ray_kwargs": {"ray_init": {"num_cpus": 1}}}))
 answer = ray.get(ray.remote(lambda: 42).remote())
+speaker = Speaker.remote()
+said = ray.get(speaker.say.remote(7))
 cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
-ray.shutdown()
-print(json.dumps({"answer": answer, "cmds": cmds}))
+shutdown_ray()
+print(json.dumps({"answer": answer, "said": said, "cmds": cmds}))
 """
 
 
-def test_local_session_runs_without_dashboard_and_autoscaler_monitor():
+def test_local_session_runs_without_dashboard_and_monitors_and_prints_worker_output():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     cmds = " ".join(out["cmds"])
-    assert out["answer"] == 42
-    assert "gcs_server" in cmds and "raylet" in cmds and "log_monitor.py" in cmds
+    assert out["answer"] == 42 and out["said"] == 7
+    assert "gcs_server" in cmds and "raylet" in cmds
     assert "dashboard/dashboard.py" not in cmds and "autoscaler/_private/monitor.py" not in cmds
+    assert "log_monitor.py" not in cmds
+    out_lines, err_lines = proc.stdout.splitlines(), proc.stderr.splitlines()
+    speaker = [line for line in out_lines if line.startswith("(Speaker pid=")]
+    assert [line.split(") ", 1)[1] for line in speaker] == ["to stdout 7", "no newline at the end"], proc.stdout
+    assert any(line.startswith("(Speaker pid=") and line.endswith(") to stderr 7") for line in err_lines), proc.stderr
+    assert not any(":actor_name:" in line or ":job_id:" in line for line in out_lines + err_lines)

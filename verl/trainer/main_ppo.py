@@ -231,18 +231,46 @@ def init_ray(config: DictConfig) -> None:
     _stop_unused_ray_daemons()
 
 
+_LOG_TAIL = None  # the WorkerLogTail that prints the workers' output in place of Ray's log monitor
+
+
 def _stop_unused_ray_daemons() -> None:
-    """Stop the two daemons a local session starts that a training run never uses (~190 MB resident together):
-    the dashboard head (started even with include_dashboard=False, to serve usage statistics) and the autoscaler
-    monitor (nothing to scale on one machine). Ray has no switch for either in `ray.init`; this uses its node
-    object, and leaves both running if that is not there (another Ray version)."""
+    """Stop three daemons a local session starts that a training run does not need (~270 MB resident together):
+    the dashboard head (started even with include_dashboard=False, to serve usage statistics), the autoscaler
+    monitor (nothing to scale on one machine) and the log monitor, whose work (the workers' output in this
+    console) a thread of this process does instead, reading the same local files (`WorkerLogTail`). Ray has no
+    switch for any of them in `ray.init`; this uses its node object, and leaves a daemon running if that is not
+    there (another Ray version)."""
+    global _LOG_TAIL
     import ray
 
+    from verl.single_controller.ray.log_tail import WorkerLogTail
+
+    node = getattr(ray._private.worker, "_global_node", None)
     for kill in ("kill_dashboard", "kill_monitor"):
         try:
-            getattr(ray._private.worker._global_node, kill)(check_alive=False)
+            getattr(node, kill)(check_alive=False)
         except Exception:  # another Ray version: the daemon keeps running, only its memory is lost
             pass
+    try:
+        logs_dir = node.get_logs_dir_path()
+        node.kill_log_monitor(check_alive=False)
+    except Exception:  # another Ray version: its log monitor keeps printing the workers' output
+        return
+    if _LOG_TAIL is not None:  # a session before this one ended without shutdown_ray
+        _LOG_TAIL.stop()
+    _LOG_TAIL = WorkerLogTail(logs_dir).start()
+
+
+def shutdown_ray() -> None:
+    """`ray.shutdown()`, after the last of the workers' output is printed (the log tail's final read)."""
+    global _LOG_TAIL
+    import ray
+
+    if _LOG_TAIL is not None:
+        _LOG_TAIL.stop()
+        _LOG_TAIL = None
+    ray.shutdown()
 
 
 def build_trainer(config: DictConfig):
@@ -270,8 +298,12 @@ def build_trainer(config: DictConfig):
         config.critic.device = device
     torch.manual_seed(config.trainer.seed)
     tokenizer = hf_tokenizer(
-        config.data.tokenizer or config.actor_rollout_ref.model.get("tokenizer_path") or config.actor_rollout_ref.model.path,
-        trust_remote_code=bool(config.actor_rollout_ref.model.trust_remote_code or config.data.get("trust_remote_code")),
+        config.data.tokenizer
+        or config.actor_rollout_ref.model.get("tokenizer_path")
+        or config.actor_rollout_ref.model.path,
+        trust_remote_code=bool(
+            config.actor_rollout_ref.model.trust_remote_code or config.data.get("trust_remote_code")
+        ),
     )
     num_examine = config.reward.get("num_examine", 1)
     if domain_setup is None:
@@ -344,16 +376,19 @@ def run_ppo(config: DictConfig) -> dict:
     import ray
 
     from verl.single_controller.local import close_local_worker_groups
+    from verl.trainer.ppo.ray_trainer import finish_run
 
     started_here = not ray.is_initialized()
     try:
         prepare_config(config)  # legacy keys converted as verl does; types and refused features checked
         trainer = build_trainer(config)
-        return trainer.fit()
+        trainer.finish_after_workers_stop = True
+        summary = trainer.fit()
     finally:
         close_local_worker_groups()  # trainer.single_process: the in-process worker's process group
         if started_here and ray.is_initialized():
-            ray.shutdown()
+            shutdown_ray()
+    return finish_run(summary)  # plot and summary once the workers (and their memory) are gone
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)

@@ -48,7 +48,7 @@ from verl.trainer.ppo.utils import (
     need_reward_model,
     reward_model_section,
 )
-from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
+from verl.utils.checkpoint.errors import NonFiniteWeightsError
 from verl.utils.dataset.prompt_loader import iter_train_batches
 from verl.utils.plot import read_metrics
 from verl.utils.seqlen_balancing import balance_batch
@@ -89,6 +89,9 @@ class RayPPOTrainer:
         self.role_worker_mapping = role_worker_mapping
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
+        # fit() returns before drawing the plot and printing the summary; the caller runs `finish_run` (run_ppo
+        # does, once the workers have stopped)
+        self.finish_after_workers_stop = False
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         self.train_dataset = train_dataset
@@ -562,14 +565,23 @@ class RayPPOTrainer:
                 "val_core_after": {k: v for k, v in last_val.items() if k.startswith("val-core/")},
             }
         )
-        try:
-            from verl.utils.plot import plot_run
+        if self.finish_after_workers_stop:  # main_ppo.run_ppo calls finish_run once the workers are gone
+            return summary
+        return finish_run(summary)
 
-            summary["plot"] = plot_run(log_dir)
-        except Exception as e:  # a plot must never cost a finished run
-            summary["plot"] = f"not drawn: {e}"
-        validation.print_summary(summary)
-        return summary
+
+def finish_run(summary: dict[str, Any]) -> dict[str, Any]:
+    """The end of a run: its curves drawn into a PNG beside the logs (`summary["plot"]`), and the summary printed.
+    `main_ppo.run_ppo` calls it after Ray has stopped the workers: matplotlib (~20 MB) then never adds to the
+    run's peak memory, which the workers' retained memory sets until they stop."""
+    try:
+        from verl.utils.plot import plot_run
+
+        summary["plot"] = plot_run(summary["log_dir"])
+    except Exception as e:  # a plot must never cost a finished run
+        summary["plot"] = f"not drawn: {e}"
+    validation.print_summary(summary)
+    return summary
 
 
 def _mean_metric(key: str, values) -> dict[str, float]:
