@@ -167,22 +167,24 @@ def gsm8k_rows(tokenizer, limit: int = NUM_PROMPTS) -> list[dict]:
 
 def prepare(workdir: str, model_size: str = "s") -> dict[str, str]:
     """Build the model of `model_size` (tokenizer trained on GSM8K text, the same for every size) and the
-    parquet prompts once; return their paths."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
-
-    from verl.models import tiny
-
+    parquet prompts once; return their paths. Imports what it builds with only when it builds: every run's
+    process calls it, and a run of ours must not hold HF's model code in its driver (the trainer's driver does
+    not import it)."""
     if model_size not in MODEL_SIZES:
         raise ValueError(f"unknown bench model size {model_size!r}; allowed: {sorted(MODEL_SIZES)}")
-    if MODEL_SIZES[model_size] is not None:
-        tiny.MODEL_SIZES.setdefault(model_size, MODEL_SIZES[model_size])
     model_dir = os.path.join(workdir, "model" if model_size == "s" else f"model_{model_size}")
     data_path = os.path.join(workdir, "train.parquet")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        from verl.models import tiny
+
+        if MODEL_SIZES[model_size] is not None:
+            tiny.MODEL_SIZES.setdefault(model_size, MODEL_SIZES[model_size])
         tiny.build_tiny_model(model_dir, size=model_size, seed=0, corpus=tokenizer_corpus())
     if not os.path.isfile(data_path):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from transformers import AutoTokenizer
+
         rows = gsm8k_rows(AutoTokenizer.from_pretrained(model_dir))
         pq.write_table(pa.Table.from_pylist(rows), data_path)
     return {"model": model_dir, "data": data_path}

@@ -6,4 +6,8 @@ data flow of one step are described in DESIGN.md; the user-facing entry is `pyth
 
 __version__ = "0.1.0"
 
+from verl.utils.tensordict_import import import_tensordict  # noqa: E402
+
+import_tensordict()  # before anything imports tensordict: its torch.compile marks wait for torch._dynamo
+
 from verl.protocol import DataProto  # noqa: E402,F401

@@ -41,11 +41,16 @@ class LazyRegistry:
 
         return decorator
 
+    def check(self, name: str) -> None:
+        """A ValueError listing the known names unless `name` is one; imports nothing (the driver checks the config
+        with it, and the built-in classes' modules are for the workers)."""
+        if name not in self:
+            raise ValueError(f"unknown {self.kind} {name!r} ({self.config_key}); allowed: {self.names()}")
+
     def get(self, name: str) -> Any:
         """The class registered or built in as `name`; a ValueError listing the known names otherwise."""
         if name in self._registered:
             return self._registered[name]
-        if name not in self._builtins:
-            raise ValueError(f"unknown {self.kind} {name!r} ({self.config_key}); allowed: {self.names()}")
+        self.check(name)
         module_name, class_name = self._builtins[name].split(":")
         return getattr(importlib.import_module(module_name), class_name)

@@ -44,7 +44,7 @@ Layer 7: imports layers 1-6; must not import trainer code.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,20 +53,21 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
-from verl.utils import fsdp_utils
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
 from verl.utils.mixed_precision import resolve_mixed_precision
 from verl.utils.system_metrics import phase_memory
-from verl.workers import weight_sync
-from verl.workers.actor.dp_actor import DataParallelPPOActor
-from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.engine.fsdp import FSDPEngineWithLMHead, FSDPEngineWithValueHead
-from verl.workers.engine.fsdp.transformer_impl import attn_implementation, model_dtype
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
-from verl.workers.weight_stream import BucketExporter, BucketLoader
+
+# The training stack (FSDP2 and DTensor, the engines, the PPO actor and critic, HF's model code, the weight
+# streams) is imported by the methods that build or use it, which run in the worker processes: the driver imports
+# this module for the worker classes only, and would otherwise hold ~110 MB of those imports for the whole run.
+if TYPE_CHECKING:
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.critic.dp_critic import DataParallelPPOCritic
+    from verl.workers.weight_stream import BucketExporter
 
 ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -257,6 +258,9 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ building
     def _load_policy(self, dtype: str) -> nn.Module:
+        from verl.utils import fsdp_utils
+        from verl.workers.engine.fsdp.transformer_impl import attn_implementation
+
         model_cfg = self.config.model
         return fsdp_utils.load_causal_lm(
             model_cfg.path,
@@ -276,6 +280,9 @@ class ActorRolloutRefWorker(Worker):
         """The actor's training engine (`FSDPEngineWithLMHead`: master weights and optimizer state in
         `fsdp_config.model_dtype`, compute in `mixed_precision.param_dtype`/`dtype`, LoRA, AdamW + schedule) and the
         PPO actor that runs its updates on it."""
+        from verl.workers.actor.dp_actor import DataParallelPPOActor
+        from verl.workers.engine.fsdp import FSDPEngineWithLMHead
+
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
         optim_cfg = {**_private_config(actor_cfg.optim), "clip_grad": float(actor_cfg.get("grad_clip", 1.0))}
         self.actor_engine = FSDPEngineWithLMHead(
@@ -295,6 +302,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer, engine=self.actor_engine)
 
     def _build_rollout(self) -> BaseRollout:
+        from verl.utils import fsdp_utils
+
         rollout_cfg = self.config.rollout
         name = rollout_cfg.get("name", "hf")
         rollout_cls = get_rollout_class(name)
@@ -312,6 +321,10 @@ class ActorRolloutRefWorker(Worker):
         return rollout_cls(module, rollout_cfg, self.tokenizer)
 
     def _build_ref(self) -> None:
+        from verl.workers.actor.dp_actor import DataParallelPPOActor
+        from verl.workers.engine.fsdp import FSDPEngineWithLMHead
+        from verl.workers.engine.fsdp.transformer_impl import model_dtype
+
         if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
             self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
             return
@@ -335,6 +348,9 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Start torch.distributed and load the models of this worker's role (all ranks together)."""
         from transformers import AutoTokenizer
+
+        from verl.utils import fsdp_utils
+        from verl.workers.weight_stream import BucketLoader
 
         fsdp_utils.init_distributed()
         model_cfg = self.config.model
@@ -366,6 +382,8 @@ class ActorRolloutRefWorker(Worker):
         """model_update: the actor's weights into the rollout engine's copy (with LoRA only the adapters, or the
         merged weights for vllm/sglang; `verl.workers.weight_sync`); nothing when the engine generates with the
         actor's own module. Collective."""
+        from verl.workers import weight_sync
+
         if getattr(self.rollout, "module", None) is self.actor_module:
             return
         weight_sync.sync_rollout_weights(self.actor_module, self.rollout, self.config.rollout, self.use_lora)
@@ -476,6 +494,9 @@ class ActorRolloutRefWorker(Worker):
         """The next bucket of the actor's weights for the standalone rollout group (what its engine needs: with
         LoRA the adapters or the merged weights), as CPU tensors on rank 0 (None elsewhere); `[]` once all have
         been sent (the next call starts a new stream). Collective: `verl.workers.weight_stream`."""
+        from verl.workers import weight_sync
+        from verl.workers.weight_stream import BucketExporter
+
         self._require(self.actor, "export_actor_weight_bucket", "actor, actor_ref, actor_rollout or actor_rollout_ref")
         if self._weight_exporter is None:
             mode = weight_sync.sync_mode(get_rollout_class(self.config.rollout.get("name", "hf")), self.use_lora)
@@ -524,6 +545,10 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Load the value model (`load_token_classification_model`, fresh zero head), FSDP2, AdamW, schedule."""
         from transformers import AutoTokenizer
+
+        from verl.utils import fsdp_utils
+        from verl.workers.critic.dp_critic import DataParallelPPOCritic
+        from verl.workers.engine.fsdp import FSDPEngineWithValueHead
 
         fsdp_utils.init_distributed()
         model_cfg = self.config.model

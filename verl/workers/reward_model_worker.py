@@ -32,7 +32,6 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
-from verl.utils import fsdp_utils
 from verl.utils.device import get_device_name
 from verl.utils.tokenizer import hf_tokenizer
 from verl.utils.torch_functional import compute_position_id_with_mask
@@ -121,6 +120,8 @@ class RewardModelWorker(Worker):
     def init_model(self) -> None:
         """Load the tokenizers and the classifier (its trained head must be in the checkpoint), then FSDP2."""
         from transformers import AutoModelForSequenceClassification
+
+        from verl.utils import fsdp_utils  # FSDP2: imported in the worker, not by the driver (the class's importer)
 
         fsdp_utils.init_distributed()
         path, trust = self.settings["model_path"], self.settings["trust_remote_code"]

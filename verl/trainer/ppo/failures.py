@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.single_controller.ray.base import WorkerDiedError
-from verl.utils.checkpoint.fsdp_checkpoint_manager import NonFiniteWeightsError
+from verl.utils.checkpoint.errors import NonFiniteWeightsError
 from verl.workers.reward_manager.base import RewardFunctionError
 
 __all__ = [

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from verl.utils.checkpoint.errors import NonFiniteWeightsError
 from verl.utils.fsdp_utils import get_full_state_dict
 
 __all__ = ["FSDPCheckpointManager", "NonFiniteWeightsError"]
@@ -48,10 +49,6 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-class NonFiniteWeightsError(ValueError):
-    """The model holds NaN/inf weights; such a state is never saved as a checkpoint."""
 
 
 def _first_nonfinite(state: dict[str, Any]) -> str | None:

@@ -87,7 +87,7 @@ def resolve_rollout_engine(
     effect there). `cuda_available` defaults to `torch.cuda.is_available()`.
     """
     name = str(rollout_cfg.get("name", "hf"))
-    get_rollout_class(name)  # unknown name -> ValueError listing the known engines
+    ROLLOUT_REGISTRY.check(name)  # unknown name -> ValueError listing the known engines (imports no engine)
     if cuda_available is None:
         import torch
 
