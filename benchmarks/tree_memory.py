@@ -29,11 +29,20 @@ def process_kind(is_root: bool, cmd: str) -> str:
 
 def process_name(cmd: str) -> str:
     """A short name for a command line: the Ray daemon it runs, `ray::<actor class>` for a Ray worker (its
-    command line changes with the task it runs), else the program's file name."""
+    command line changes with the task it runs), else the program's file name. The raylet and GCS are named by
+    their executable (the raylet's arguments hold the agents' command lines), the two agents by their script or
+    process title (their arguments name the raylet)."""
+    words = cmd.split()
+    program = os.path.basename(words[0]) if words else ""
+    if program in ("raylet", "gcs_server"):
+        return program
+    if "DashboardAgent" in cmd or "dashboard/agent.py" in cmd:
+        return "dashboard_agent"
+    if "RuntimeEnvAgent" in cmd or "runtime_env/agent/main.py" in cmd:
+        return "runtime_env_agent"
     daemon = next((d for d in RAY_DAEMONS if d in cmd), None)
     if daemon:
         return daemon.removesuffix(".py")
-    words = cmd.split()
     ray_word = next((w for w in words if w.startswith("ray::")), None)
     if ray_word:
         return ray_word.split(".")[0]

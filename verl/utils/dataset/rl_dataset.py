@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
@@ -127,8 +128,11 @@ class RLHFDataset(Dataset):
                 raise ValueError(f"parquet file {path!r} does not exist")
             # ParquetFile reads one file without pyarrow's dataset layer, which imports pandas (~50 MB resident in
             # the driver for the whole run); read_table would go through it
-            with pq.ParquetFile(path) as parquet_file:
-                table = parquet_file.read()
+            try:
+                with pq.ParquetFile(path) as parquet_file:
+                    table = parquet_file.read()
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(f"parquet file {path!r} cannot be read: {type(e).__name__}: {e}") from e
             if self.prompt_key not in table.column_names:
                 raise ValueError(
                     f"parquet file {path!r} has no prompt column {self.prompt_key!r} (data.prompt_key); "
