@@ -16,8 +16,10 @@ micro-batch is prefilled once and its cache copied to the rows that share it (th
 prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. For plain-attention
 models under sdpa the copies are not even made: the rows of a prompt decode against its one copy of the prompt's
 keys and values (`shared_prefix.py`), so each decode step reads the prompt part of the cache once per prompt, not
-once per sample. Micro-batches are length-sorted and cut their common left padding. Greedy decoding gives what
-`generate` gives.
+once per sample. Micro-batches are length-sorted and cut their common left padding. On CPU a micro-batch decodes in
+lanes of whole prompt groups, one core each (`decode_lanes.py`). Every row's random draws (one uniform per position)
+are drawn up front from the call's seed, so its samples do not depend on the micro-batch size or the number of
+lanes. Greedy decoding gives what `generate` gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
@@ -25,6 +27,8 @@ Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not imp
 from __future__ import annotations
 
 import contextlib
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,7 +46,7 @@ from transformers.generation.logits_process import (
 from verl.protocol import DataProto
 from verl.utils import fsdp_utils
 from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
-from verl.workers.rollout import shared_prefix
+from verl.workers.rollout import decode_lanes, shared_prefix
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
@@ -82,6 +86,8 @@ class HFRollout(BaseRollout):
         self.weight_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
         self.cache_kwarg = cache_kwarg(module)  # the forward's name for its KV cache argument
         self._calls = 0
+        # decode lanes per micro-batch (decode_lanes.py): None = one per CPU intra-op thread (1 on a GPU)
+        self.decode_lanes: int | None = None
 
     # ------------------------------------------------------------------ weights
     def in_place_module(self) -> nn.Module | None:
@@ -154,22 +160,25 @@ class HFRollout(BaseRollout):
         micro = self.micro_batch_size or bs
         responses = torch.empty((bs, self.response_length), dtype=torch.long)
         log_probs = torch.zeros((bs, self.response_length), dtype=torch.float32) if want_log_probs else None
+        # one uniform per row and position, drawn up front: a row's samples do not depend on the micro-batches,
+        # the decode lanes or when the other rows finish (and the global RNG is left alone)
+        uniforms = None
+        if sampling.do_sample:
+            uniforms = torch.rand((bs, self.response_length), generator=torch.Generator().manual_seed(seed))
 
         device = next(self.module.parameters()).device
         was_training = self.module.training
         self.module.eval()
-        fork_devices = [device] if device.type == "cuda" else []
         try:
-            with torch.random.fork_rng(devices=fork_devices), fsdp_utils.unsharded(self.module):
-                torch.manual_seed(seed)
+            with fsdp_utils.unsharded(self.module):
                 for start in range(0, bs, micro):
                     rows = order[start : start + micro]
-                    ids, lps = self._generate_micro_batch(
-                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs
-                    )
-                    responses[rows] = ids
-                    if log_probs is not None:
-                        log_probs[rows] = lps
+                    for lane_rows, ids, lps in self._generate_micro_batch(
+                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs, uniforms
+                    ):
+                        responses[lane_rows] = ids
+                        if log_probs is not None:
+                            log_probs[lane_rows] = lps
         finally:
             self.module.train(was_training)
         return build_rollout_output(prompts, responses, stop_ids, pad_token_id, log_probs)
@@ -183,20 +192,43 @@ class HFRollout(BaseRollout):
         eos_token_id: int | list[int],
         pad_token_id: int,
         want_log_probs: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sample responses for prompt rows `rows`: distinct prompts are prefilled once (common left padding
-        cut), their KV cache copied to the rows sharing them; rows leave the batch at their first eos.
+        uniforms: torch.Tensor | None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Sample responses for prompt rows `rows`, split into decode lanes (`decode_lanes.py`) of whole prompt
+        groups: the lanes are prefilled side by side (distinct prompts once, common left padding cut), then decode
+        side by side. Rows sharing a prompt decode against its one copy of the prompt's keys and values when the
+        model allows it (`shared_prefix.py`).
 
-        Returns responses (len(rows), response_length) right-padded with `pad_token_id`, and their
-        log-probs log_softmax(logits / T)[token] (same shape, 0 on padding) or None.
+        Returns, per lane, (its rows, their responses right-padded with `pad_token_id`, their log-probs
+        log_softmax(logits / T)[token] with 0 on padding, or None).
         """
+        groups = prompt_groups(prompts.batch["input_ids"][rows], prompts.batch["attention_mask"][rows], 0)
+        num_groups = int(groups.max()) + 1
+        shared = num_groups < len(groups) and shared_prefix.applies_to(self.module.config)
+        lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes)
+        parts = [rows[part] for part in decode_lanes.split_into_lanes(groups, lanes)]
+        states = decode_lanes.run_lanes(
+            [functools.partial(self._prefill, prompts, part, device, shared) for part in parts]
+        )
+        if uniforms is not None:
+            for state, part in zip(states, parts):
+                state.uniforms = uniforms[part].to(device)
+        decode = [
+            functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
+            for state in states
+        ]
+        with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
+            results = decode_lanes.run_lanes(decode)
+        return [(part, ids, lps) for part, (ids, lps) in zip(parts, results)]
+
+    def _prefill(self, prompts: DataProto, rows: torch.Tensor, device: torch.device, shared: bool) -> _Lane:
+        """One forward over the distinct prompts of `rows` (their common left padding cut), its KV cache set up for
+        decoding every row: a `SharedPrefixCache` when `shared`, else a per-row copy of each prompt's cache."""
         ids, mask, pos = (prompts.batch[key][rows] for key in ("input_ids", "attention_mask", "position_ids"))
         groups = prompt_groups(ids, mask, 0)
         first_row = group_first_rows(groups)
         start = _first_non_pad_column(mask[first_row])
         prompt_mask = mask[first_row, start:].to(device)
-        # rows sharing a prompt decode against its one copy of the prompt's keys and values (shared_prefix.py)
-        shared = len(first_row) < len(groups) and shared_prefix.applies_to(self.module.config)
         if shared:
             cache = shared_prefix.SharedPrefixCache(self.module.config.num_hidden_layers, self.response_length)
         else:
@@ -210,45 +242,76 @@ class HFRollout(BaseRollout):
             logits_to_keep=1,
         ).logits[:, -1]
         groups = groups.to(device)
-        logits = logits[groups]
         if shared:
             cache.start_decode(groups, prompt_mask)
         elif len(first_row) < len(groups):
             cache.batch_select_indices(groups)
-        attention = prompt_mask[groups]  # the 2-D mask of the per-row cache (unused by the shared one)
-        next_pos = pos[first_row, -1].to(device)[groups] + 1
-        live = torch.arange(len(groups), device=device)  # the rows still generating
+        return _Lane(
+            cache=cache,
+            shared=shared,
+            logits=logits[groups],
+            attention=prompt_mask[groups],  # the 2-D mask of the per-row cache (unused by the shared one)
+            next_pos=pos[first_row, -1].to(device)[groups] + 1,
+        )
+
+    def _decode(
+        self,
+        lane: _Lane,
+        sampling: SamplingSettings,
+        eos_token_id: int | list[int],
+        pad_token_id: int,
+        want_log_probs: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampling loop of one prefilled lane; a row that emits an eos leaves the batch and its cache."""
+        logits, attention, next_pos, cache = lane.logits, lane.attention, lane.next_pos, lane.cache
+        device = logits.device
+        rows = len(logits)
+        live = torch.arange(rows, device=device)  # the rows still generating
         eos = torch.tensor(eos_token_id, device=device, dtype=torch.long).reshape(-1)
         warpers = _logits_warpers(sampling)
-        responses = torch.full((len(groups), self.response_length), pad_token_id, dtype=torch.long, device=device)
+        responses = torch.full((rows, self.response_length), pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=device) if want_log_probs else None
         decode_kwargs = {self.cache_kwarg: cache, "use_cache": True}
-        if shared:
+        if lane.shared:
             decode_kwargs["shared_prefix"] = cache
-        with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
-            for t in range(self.response_length):
-                tokens = _next_tokens(logits, warpers, sampling.do_sample)
-                responses[live, t] = tokens
-                if log_probs is not None:
-                    token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
-                    log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-                running = ~torch.isin(tokens, eos)
-                if t == self.response_length - 1 or not running.any():
-                    break
-                if not running.all():  # finished rows leave the batch and its KV cache
-                    keep = running.nonzero().flatten()
-                    live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
-                    cache.batch_select_indices(keep)
-                if not shared:
-                    attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
-                logits = self.module(
-                    input_ids=tokens.unsqueeze(-1),
-                    attention_mask=None if shared else attention,
-                    position_ids=next_pos.unsqueeze(-1),
-                    **decode_kwargs,
-                ).logits[:, -1]
-                next_pos = next_pos + 1
+        for t in range(self.response_length):
+            draws = None if lane.uniforms is None else lane.uniforms[live, t]
+            tokens = _next_tokens(logits, warpers, draws)
+            responses[live, t] = tokens
+            if log_probs is not None:
+                token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
+                log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            running = ~torch.isin(tokens, eos)
+            if t == self.response_length - 1 or not running.any():
+                break
+            if not running.all():  # finished rows leave the batch and its KV cache
+                keep = running.nonzero().flatten()
+                live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
+                cache.batch_select_indices(keep)
+            if not lane.shared:
+                attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
+            logits = self.module(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=None if lane.shared else attention,
+                position_ids=next_pos.unsqueeze(-1),
+                **decode_kwargs,
+            ).logits[:, -1]
+            next_pos = next_pos + 1
         return responses.cpu(), (log_probs.cpu() if log_probs is not None else None)
+
+
+@dataclass
+class _Lane:
+    """A prefilled part of a micro-batch, ready for its sampling loop: the KV cache, the last prompt position's
+    logits of every row, the per-row cache's 2-D attention mask, each row's next position id, and (sampling) each
+    row's uniforms (rows, response_length)."""
+
+    cache: Cache
+    shared: bool
+    logits: torch.Tensor
+    attention: torch.Tensor
+    next_pos: torch.Tensor
+    uniforms: torch.Tensor | None = None
 
 
 def _length_sorted_order(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -315,12 +378,13 @@ def _logits_warpers(sampling: SamplingSettings) -> LogitsProcessorList:
     return warpers
 
 
-def _next_tokens(logits: torch.Tensor, warpers: LogitsProcessorList, do_sample: bool) -> torch.Tensor:
-    """(bs,) next token ids from (bs, vocab) logits: argmax, or one draw from softmax(warped logits)."""
-    if not do_sample:
+def _next_tokens(logits: torch.Tensor, warpers: LogitsProcessorList, draws: torch.Tensor | None) -> torch.Tensor:
+    """(bs,) next token ids from (bs, vocab) logits: argmax when `draws` is None, else inverse-CDF sampling from
+    softmax(warped logits) with one uniform in [0, 1) per row (`draws`, (bs,))."""
+    if draws is None:
         return logits.argmax(dim=-1)
     probs = torch.softmax(warpers(None, logits.float()), dim=-1)
     # inverse-CDF sampling: one uniform per row (torch.multinomial draws one exponential per vocabulary entry)
     cdf = probs.cumsum(dim=-1)
-    draw = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    draw = draws.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
     return torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)

@@ -83,6 +83,10 @@ class _SharedPrefixLayer(DynamicLayer):
         return write_in_place(self, key_states, value_states)
 
     def start_decode(self, rows: int) -> None:
+        # laid out once as the decode matmuls read them (keys transposed): else every step copies them
+        self.prefix_keys_t = self.prefix_keys.transpose(-1, -2).contiguous()
+        self.prefix_keys = self.keys = self.prefix_keys_t.transpose(-1, -2)  # the prefill's copies are freed
+        self.prefix_values = self.values = self.prefix_values.contiguous()
         _, heads, _, dim = self.prefix_keys.shape
         self.key_buffer = self.prefix_keys.new_empty(rows, heads, self.capacity, dim)
         self.value_buffer = self.prefix_values.new_empty(rows, heads, self.capacity, dim)
@@ -167,7 +171,7 @@ def _shared_prefix_attention(
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
-    prefix_scores = torch.matmul(shared_prefix._pack(q), layer.prefix_keys.transpose(-1, -2))
+    prefix_scores = torch.matmul(shared_prefix._pack(q), layer.prefix_keys_t)
     if shared_prefix.prefix_pad is not None:  # once per prompt, before its scores are copied to its rows
         prefix_scores.masked_fill_(shared_prefix.prefix_pad, float("-inf"))
     scores = torch.cat([shared_prefix._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)

@@ -1,0 +1,109 @@
+"""Tests of the decode lanes (verl/workers/rollout/decode_lanes.py) and of the `hf` rollout generating in them: the
+split of a micro-batch, the threads' settings, and samples that do not depend on the number of lanes or on the
+micro-batch size (the tiny Qwen2 model)."""
+
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, rollout_config
+from verl.workers.rollout import decode_lanes, shared_prefix
+from verl.workers.rollout.hf_rollout import HFRollout
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_split_keeps_prompt_groups_whole_and_balances_rows():
+    # group sizes 3, 1, 2, 1: group 0 -> lane 0, group 2 -> lane 1, group 1 -> lane 1 (2 < 3 rows), group 3 -> lane 0
+    groups = torch.tensor([0, 0, 0, 1, 2, 2, 3])
+    lanes = decode_lanes.split_into_lanes(groups, 2)
+    assert [lane.tolist() for lane in lanes] == [[0, 1, 2, 6], [3, 4, 5]]
+    assert [lane.tolist() for lane in decode_lanes.split_into_lanes(groups, 1)] == [list(range(7))]
+
+
+def test_lane_count_follows_threads_rows_and_groups(two_threads):
+    cpu = torch.device("cpu")
+    assert decode_lanes.lane_count(cpu, rows=128, groups=16) == 2
+    assert decode_lanes.lane_count(cpu, rows=12, groups=4) == 1  # under MIN_ROWS_PER_LANE rows per lane
+    assert decode_lanes.lane_count(cpu, rows=128, groups=1) == 1  # one prompt group cannot be split
+    assert decode_lanes.lane_count(cpu, rows=6, groups=4, requested=3) == 3
+    assert decode_lanes.lane_count(cpu, rows=6, groups=2, requested=3) == 2
+    assert decode_lanes.lane_count(torch.device("cuda"), rows=128, groups=16) == 1
+
+
+def test_lanes_run_in_threads_of_one_torch_thread_without_grad(two_threads):
+    def probe():
+        return threading.current_thread().name, torch.get_num_threads(), torch.is_grad_enabled()
+
+    results = decode_lanes.run_lanes([probe, probe])
+    assert [r[0] for r in results] == ["decode-lane-0", "decode-lane-1"]
+    assert all(r[1] == 1 and r[2] is False for r in results)
+    assert torch.get_num_threads() == 2  # the caller's count is back
+
+    def fail():
+        raise ValueError("boom in a lane")
+
+    with pytest.raises(ValueError, match="boom in a lane"):
+        decode_lanes.run_lanes([probe, fail])
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_prefix", "per_row_cache"])
+def test_samples_are_the_same_in_any_number_of_lanes_and_micro_batches(
+    model, tokenizer, monkeypatch, two_threads, shared
+):
+    """4 prompts x 3 samples, some rows stopping at an eos: one lane, two lanes (two threads, each its own
+    forwards) and micro-batches of 5 rows give the same tokens, and log-probs equal to a full forward's."""
+    if not shared:
+        monkeypatch.setattr(shared_prefix, "applies_to", lambda config: False)
+
+    def prompts(eos):
+        return make_prompts(tokenizer, seed=3, eos_token_id=eos).repeat(3, interleave=True)
+
+    def generate(batch, lanes, micro=None):
+        rollout = HFRollout(model, rollout_config(calculate_log_probs=True, micro_batch_size=micro), tokenizer)
+        rollout.decode_lanes = lanes
+        calls = []
+        handle = model.register_forward_pre_hook(
+            lambda _m, _a, kw: calls.append((threading.current_thread().name, kw["input_ids"].shape[0])),
+            with_kwargs=True,
+        )
+        try:
+            return rollout.generate_sequences(batch), calls
+        finally:
+            handle.remove()
+
+    free, _ = generate(prompts(2047), 1)
+    eos = [int(free.batch["responses"][0, 2]), int(free.batch["responses"][7, 1])]  # rows 0 and 7 stop early
+    one, one_calls = generate(prompts(eos), 1)
+    two, two_calls = generate(prompts(eos), 2)
+    micro, _ = generate(prompts(eos), 1, micro=5)
+    lengths = one.batch["response_mask"].sum(-1)
+    assert lengths.min() < lengths.max()  # some rows did stop early
+    assert {name for name, _ in one_calls} == {threading.main_thread().name}
+    assert {name for name, _ in two_calls} == {"decode-lane-0", "decode-lane-1"}
+    assert max(rows for _, rows in two_calls) == 6  # each lane decodes 2 prompts x 3 samples
+    for other in (two, micro):
+        assert torch.equal(other.batch["responses"], one.batch["responses"])
+        torch.testing.assert_close(other.batch["rollout_log_probs"], one.batch["rollout_log_probs"], atol=1e-5, rtol=0)
+    ref = full_forward_log_probs(model, two, 1.0) * two.batch["response_mask"]
+    torch.testing.assert_close(two.batch["rollout_log_probs"], ref, atol=1e-5, rtol=0)
+    assert model.config._attn_implementation == "sdpa"

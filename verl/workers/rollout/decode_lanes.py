@@ -1,0 +1,87 @@
+"""Decode lanes: a CPU generation split into independent parts that run side by side, one core each.
+
+Owns `lane_count` (how many lanes a micro-batch gets), `split_into_lanes` (which rows go to which lane) and
+`run_lanes` (the lanes' work in threads, each with one torch intra-op thread).
+
+Why: a decode step of a small model is a few dozen small kernels. With two or more intra-op threads every kernel
+is an OpenMP region whose helper threads must be woken (the worker group sets `OMP_WAIT_POLICY=PASSIVE`, so they
+sleep between kernels) or must spin (which costs several times over when another process wants the cores). Two
+lanes of one thread each never wake anyone: on the bench shape (16 prompts x 8 samples, 64 tokens, 2 cores) the
+generation took 1.03 s against 1.59-1.74 s on one micro-batch with two threads (benchmarks/README.md). torch
+releases the GIL inside every kernel, so the lanes' Python overlaps with the other lane's compute.
+
+A lane holds whole prompt groups (the `rollout.n` samples of a prompt stay together: they share one prefill), and
+lanes are balanced by row count. Each row's random draws come from the caller (one uniform per row and position),
+so the samples are the same whatever the number of lanes.
+
+Layer 5: imports torch only; must not import Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# Below this many rows a lane's fixed cost per decode step (a pass through the model's Python) outweighs what the
+# second core gains; measured on the bench model (benchmarks/README.md).
+MIN_ROWS_PER_LANE = 8
+
+
+def lane_count(device: torch.device, rows: int, groups: int, requested: int | None = None) -> int:
+    """Lanes for a micro-batch of `rows` rows in `groups` distinct prompts: `requested` when given, else on CPU one
+    per torch intra-op thread while each lane keeps `MIN_ROWS_PER_LANE` rows, and one on any other device (a GPU
+    kernel runs on the device, not on the calling thread). Never more than the number of prompt groups."""
+    if requested is None:
+        requested = torch.get_num_threads() if device.type == "cpu" else 1
+        requested = min(requested, rows // MIN_ROWS_PER_LANE)
+    return max(1, min(int(requested), groups))
+
+
+def split_into_lanes(groups: torch.Tensor, lanes: int) -> list[torch.Tensor]:
+    """Row indices of each lane, for (rows,) prompt-group ids 0..G-1: every group goes whole to one lane, the
+    largest groups first, each to the lane with the fewest rows so far; a lane's rows keep their order."""
+    sizes = torch.bincount(groups).tolist()
+    load = [0] * lanes
+    lane_of_group = [0] * len(sizes)
+    for group in sorted(range(len(sizes)), key=lambda g: (-sizes[g], g)):
+        lane = min(range(lanes), key=lambda i: (load[i], i))
+        lane_of_group[group] = lane
+        load[lane] += sizes[group]
+    lane_of_row = torch.tensor(lane_of_group, dtype=torch.long)[groups.cpu()]
+    return [(lane_of_row == lane).nonzero().flatten() for lane in range(lanes) if load[lane]]
+
+
+def run_lanes(work: list[Callable[[], T]]) -> list[T]:
+    """Run each callable in a thread of its own with one torch intra-op thread and autograd off, and return their
+    results in order. The caller's intra-op thread count is restored afterwards; the first error is re-raised
+    once every lane has stopped. A single callable runs in the caller's thread, as it is."""
+    if len(work) == 1:
+        return [work[0]()]
+    results: list = [None] * len(work)
+    errors: list[BaseException] = []
+
+    def lane(index: int) -> None:
+        try:
+            torch.set_num_threads(1)
+            with torch.no_grad():
+                results[index] = work[index]()
+        except BaseException as error:  # re-raised in the caller's thread
+            errors.append(error)
+
+    threads_before = torch.get_num_threads()
+    threads = [threading.Thread(target=lane, args=(i,), name=f"decode-lane-{i}") for i in range(len(work))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        torch.set_num_threads(threads_before)
+    if errors:
+        raise errors[0]
+    return results
