@@ -264,6 +264,29 @@ def unsharded(module: nn.Module) -> Iterator[None]:
             unit.set_reshard_after_forward(getattr(unit, "_verl_reshard_after_forward", True))
 
 
+@contextmanager
+def concurrent_forwards(module: nn.Module) -> Iterator[None]:
+    """Within `unsharded(module)`: the block may run forwards of `module` in several threads at once.
+
+    FSDP2's forward hooks keep per-unit state (the training state, the root's per-iteration context, prefetches)
+    that forwards running side by side corrupt (an all-gather wait on a unit another thread left unsharded). With
+    every unit gathered and kept gathered the hooks have nothing to do, so for the block each unit's state is the
+    one in which FSDP's hooks only cast inputs and outputs to the mixed-precision dtypes (what FSDP itself uses when
+    activation checkpointing recomputes a forward), and its own state is put back afterwards. A plain module is left
+    as it is. No gradients: the block's forwards must run without autograd."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    states = [unit._get_fsdp_state() for unit in module.modules() if isinstance(unit, FSDPModule)]
+    before = [state._training_state for state in states]
+    for state in states:
+        state._training_state = TrainingState.PRE_BACKWARD
+    try:
+        yield
+    finally:
+        for state, training_state in zip(states, before):
+            state._training_state = training_state
+
+
 def fsdp_mixed_precision(fsdp_cfg: Any, where: str) -> dict[str, torch.dtype | None]:
     """`apply_fsdp2`'s `param_dtype`, `reduce_dtype`, `buffer_dtype` for an `fsdp_config` (verl's `mixed_precision`
     mapping over `dtype`; rules in `verl.utils.mixed_precision`). ValueError (one line, naming `where`) for a bad

@@ -107,3 +107,39 @@ def test_samples_are_the_same_in_any_number_of_lanes_and_micro_batches(
     ref = full_forward_log_probs(model, two, 1.0) * two.batch["response_mask"]
     torch.testing.assert_close(two.batch["rollout_log_probs"], ref, atol=1e-5, rtol=0)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_lanes_generate_with_the_actors_fsdp2_module(model, tokenizer, tiny_model_dir, own_process_group, two_threads):
+    """The hf engine generating with the actor's own FSDP2 module (the worker's default): FSDP2's hooks are not
+    thread-safe, so the lanes run its forwards with the hooks idle (`fsdp_utils.concurrent_forwards`); the samples
+    equal the plain model's in one lane, twice in a row, and the module is sharded and usable afterwards."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.fsdp_utils import free_port
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    sharded = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for layer in sharded.model.layers:
+        fully_shard(layer)
+    fully_shard(sharded)
+    prompts = make_prompts(tokenizer, seed=3).repeat(3, interleave=True)
+    cfg = rollout_config(calculate_log_probs=True)
+    one = HFRollout(model, cfg, tokenizer)
+    one.decode_lanes = 1
+    expected = one.generate_sequences(prompts)
+    rollout = HFRollout(sharded, cfg, tokenizer)
+    rollout.decode_lanes = 2
+    for _ in range(2):
+        out = rollout.generate_sequences(prompts)
+        assert torch.equal(out.batch["responses"], expected.batch["responses"])
+        torch.testing.assert_close(
+            out.batch["rollout_log_probs"], expected.batch["rollout_log_probs"], atol=1e-5, rtol=0
+        )
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())  # resharded
+    ids = out.batch["input_ids"][:2]
+    loss = sharded(input_ids=ids).logits.float().logsumexp(-1).mean()
+    loss.backward()  # hooks working again: gradients reach the sharded parameters
+    assert all(p.grad is not None for p in sharded.parameters() if p.requires_grad)

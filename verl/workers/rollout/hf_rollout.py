@@ -207,18 +207,18 @@ class HFRollout(BaseRollout):
         shared = num_groups < len(groups) and shared_prefix.applies_to(self.module.config)
         lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes)
         parts = [rows[part] for part in decode_lanes.split_into_lanes(groups, lanes)]
-        states = decode_lanes.run_lanes(
-            [functools.partial(self._prefill, prompts, part, device, shared) for part in parts]
-        )
-        if uniforms is not None:
+        prefill = [functools.partial(self._prefill, prompts, part, device, shared) for part in parts]
+        # FSDP2's hooks are not thread-safe; with the units gathered they are not needed (fsdp_utils)
+        with fsdp_utils.concurrent_forwards(self.module) if len(parts) > 1 else contextlib.nullcontext():
+            states = decode_lanes.run_lanes(prefill)
+            decode = []
             for state, part in zip(states, parts):
-                state.uniforms = uniforms[part].to(device)
-        decode = [
-            functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
-            for state in states
-        ]
-        with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
-            results = decode_lanes.run_lanes(decode)
+                state.uniforms = None if uniforms is None else uniforms[part].to(device)
+                decode.append(
+                    functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
+                )
+            with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
+                results = decode_lanes.run_lanes(decode)
         return [(part, ids, lps) for part, (ids, lps) in zip(parts, results)]
 
     def _prefill(self, prompts: DataProto, rows: torch.Tensor, device: torch.device, shared: bool) -> _Lane:
