@@ -1,7 +1,7 @@
 """Decode lanes: a CPU generation split into independent parts that run side by side, one core each.
 
 Owns `lane_count` (how many lanes a micro-batch gets), `split_into_lanes` (which rows go to which lane) and
-`run_lanes` (the lanes' work in threads, each with one torch intra-op thread).
+`run_lanes` (the lanes' work on the process's lane threads, each with one torch intra-op thread).
 
 Why: a decode step of a small model is a few dozen small kernels. With two or more intra-op threads every kernel
 is an OpenMP region whose helper threads must be woken (the worker group sets `OMP_WAIT_POLICY=PASSIVE`, so they
@@ -19,6 +19,8 @@ Layer 5: imports torch only; must not import Ray.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -57,31 +59,44 @@ def split_into_lanes(groups: torch.Tensor, lanes: int) -> list[torch.Tensor]:
 
 
 def run_lanes(work: list[Callable[[], T]]) -> list[T]:
-    """Run each callable in a thread of its own with one torch intra-op thread and autograd off, and return their
-    results in order. The caller's intra-op thread count is restored afterwards; the first error is re-raised
-    once every lane has stopped. A single callable runs in the caller's thread, as it is."""
+    """Run each callable on a lane thread of its own, with one torch intra-op thread and autograd off, and return
+    their results in order. The caller's intra-op thread count is restored afterwards; the first error is
+    re-raised once every lane has stopped. A single callable runs in the caller's thread, as it is.
+
+    The lane threads live as long as the process (`_lane_pool`): a thread's math library keeps per-thread scratch
+    buffers that are not given back when the thread ends (MKL's GEMM packing buffers), so threads started for
+    every call grew the worker by ~40 MB a step on the bench."""
     if len(work) == 1:
         return [work[0]()]
-    results: list = [None] * len(work)
-    errors: list[BaseException] = []
 
-    def lane(index: int) -> None:
-        try:
-            torch.set_num_threads(1)
-            with torch.no_grad():
-                results[index] = work[index]()
-        except BaseException as error:  # re-raised in the caller's thread
-            errors.append(error)
+    def lane(job: Callable[[], T]) -> T:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            return job()
 
     threads_before = torch.get_num_threads()
-    threads = [threading.Thread(target=lane, args=(i,), name=f"decode-lane-{i}") for i in range(len(work))]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        futures = [_lane_pool(len(work)).submit(lane, job) for job in work]
+        concurrent.futures.wait(futures)
     finally:
         torch.set_num_threads(threads_before)
-    if errors:
-        raise errors[0]
-    return results
+    return [future.result() for future in futures]  # the first lane's error, if any, is raised here
+
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_KEY: tuple[int, int] = (0, 0)  # (process id, threads) of the pool
+_POOL_LOCK = threading.Lock()
+
+
+def _lane_pool(lanes: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's lane threads, at least `lanes` of them (a new pool when more are needed, or in a forked
+    child, whose copy of the pool has no threads)."""
+    global _POOL, _POOL_KEY
+    with _POOL_LOCK:
+        pid, size = _POOL_KEY
+        if _POOL is None or pid != os.getpid() or size < lanes:
+            if _POOL is not None and pid == os.getpid():
+                _POOL.shutdown(wait=False)
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="decode-lane")
+            _POOL_KEY = (os.getpid(), lanes)
+        return _POOL

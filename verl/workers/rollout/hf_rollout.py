@@ -60,7 +60,8 @@ from verl.workers.rollout.base import (
 
 
 class HFRollout(BaseRollout):
-    """Generate with `module.generate`, micro-batched, reproducible by seed.
+    """Generate with a KV-cache sampling loop over the module, micro-batched, in decode lanes on CPU, reproducible
+    by seed.
 
     module: a causal LM (HF `PreTrainedModel`) used only by this engine.
     config: the `actor_rollout_ref.rollout` section (`response_length`, `micro_batch_size`, `temperature`,
