@@ -63,9 +63,9 @@ def run_lanes(work: list[Callable[[], T]]) -> list[T]:
     their results in order. The caller's intra-op thread count is restored afterwards; the first error is
     re-raised once every lane has stopped. A single callable runs in the caller's thread, as it is.
 
-    The lane threads live as long as the process (`_lane_pool`): a thread's math library keeps per-thread scratch
-    buffers that are not given back when the thread ends (MKL's GEMM packing buffers), so threads started for
-    every call grew the worker by ~40 MB a step on the bench."""
+    The lane threads live as long as the process (`_lane_pool`): with two threads started for every call the
+    bench's worker grew by ~440 MB over 8 steps (most likely the math library's per-thread scratch buffers, e.g.
+    MKL's GEMM packing buffers, which outlive their thread); with the pool the lanes cost it ~50 MB."""
     if len(work) == 1:
         return [work[0]()]
 
