@@ -1,16 +1,18 @@
 """Generation time per token against response length: what grows and why (the `hf` rollout, bench model shape).
 
 For response lengths 64-512 (every row runs to the limit) this times `HFRollout.generate_sequences` on the bench
-batch shape (16 prompts x 8 samples, ~98-token prompts, the bench model `s` with random weights) twice: with the
-shared-prompt decode attention (the default, `shared_prefix.py`) and with every row holding its own copy of its
-prompt's keys and values (the per-row cache). Next to each it prints what one decode step must read from the KV
-cache (float32 keys and values of every layer over the visible context, the prompt part once per prompt in the
-shared case), that read's time at the machine's measured memory bandwidth (a `sum` over 512 MiB), and the rest of
-the time per token. Each new token attends over every earlier one, so the KV read grows with length whatever the
-cache layout; the columns show how much of the growth it explains at full bandwidth, and how much the rest grows.
+batch shape (16 prompts x 8 samples, ~98-token prompts, the bench model `s` with random weights, 2 threads): with
+the shared-prompt decode attention (the default, `shared_prefix.py`) and with every row holding its own copy of its
+prompt's keys and values (the per-row cache), each in one decode lane (the whole batch on both threads) and in two
+(`decode_lanes.py`: two halves side by side, one thread each; the default on 2 threads). Next to each it prints
+what one decode step must read from the KV cache (float32 keys and values of every layer over the visible context,
+the prompt part once per prompt in the shared case), that read's time at the machine's measured memory bandwidth (a
+`sum` over 512 MiB), and the rest of the time per token. Each new token attends over every earlier one, so the KV
+read grows with length whatever the cache layout; the columns show how much of the growth it explains at full
+bandwidth, and how much the rest grows.
 
     python benchmarks/bench_decode.py                 # lengths 64,128,256,512
-    python benchmarks/bench_decode.py --lengths 64,512 --repeats 1
+    python benchmarks/bench_decode.py --lengths 64,512 --repeats 1 --lanes 2
 """
 
 from __future__ import annotations
@@ -65,14 +67,18 @@ def kv_bytes_per_step(config: Qwen2Config, prompt_tokens: float, response_pos: f
     return config.num_hidden_layers * per_position * (prompt_rows * prompt_tokens + rows * response_pos)
 
 
-def time_generation(model, prompts: DataProto, length: int, shared: bool, repeats: int) -> float:
-    """Median seconds of one `generate_sequences` over the batch, every row running to `length` tokens."""
+def time_generation(
+    model, prompts: DataProto, length: int, shared: bool, repeats: int, lanes: int | None = None
+) -> float:
+    """Median seconds of one `generate_sequences` over the batch, every row running to `length` tokens, in `lanes`
+    decode lanes (None: the engine's own choice, one per thread)."""
     config = OmegaConf.create(dict(response_length=length, ignore_eos=True, temperature=1.0, top_k=-1, top_p=1.0,
                                    do_sample=True, seed=0, calculate_log_probs=True))  # fmt: skip
     applies = shared_prefix.applies_to
     shared_prefix.applies_to = applies if shared else (lambda _config: False)
     try:
         rollout = HFRollout(model, config)
+        rollout.decode_lanes = lanes
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="64,128,256,512", help="response lengths (default 64,128,256,512)")
     parser.add_argument("--repeats", type=int, default=2, help="timed generations per point, median (default 2)")
+    parser.add_argument("--lanes", default="1,2", help="decode lanes to compare (default 1,2; decode_lanes.py)")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
+    lane_counts = [int(x) for x in args.lanes.split(",")]
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=2048, tie_word_embeddings=True, **MODEL_SIZES["s"])
@@ -100,18 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = memory_bandwidth_gbs()
     print(f"bench model s, {PROMPTS} prompts x {SAMPLES} samples, mean prompt {prompt_tokens:.1f} tokens, "
           f"{THREADS} threads; memory read bandwidth {bandwidth:.1f} GB/s")  # fmt: skip
-    print(f"{'cache':>8} {'tokens':>6} {'gen s':>7} {'us/token':>9} {'x at 64':>8} {'KV MB/step':>11} "
+    print(f"{'cache':>8} {'lanes':>5} {'tokens':>6} {'gen s':>7} {'us/token':>9} {'x at 64':>8} {'KV MB/step':>11} "
           f"{'KV read us/token':>17} {'rest us/token':>14}")  # fmt: skip
     for shared in (True, False):
-        first = None
-        for length in lengths:
-            seconds = time_generation(model, prompts, length, shared, args.repeats)
-            per_token = seconds / (PROMPTS * SAMPLES * length) * 1e6
-            first = first or per_token
-            kv = kv_bytes_per_step(config, prompt_tokens, (length - 1) / 2, shared)  # mean over the decode steps
-            kv_us = kv / (bandwidth * 1e9) / (PROMPTS * SAMPLES) * 1e6
-            print(f"{'shared' if shared else 'per-row':>8} {length:>6} {seconds:>7.2f} {per_token:>9.1f} "
-                  f"{per_token / first:>8.2f} {kv / 1e6:>11.1f} {kv_us:>17.1f} {per_token - kv_us:>14.1f}")  # fmt: skip
+        for lanes in lane_counts:
+            first = None
+            for length in lengths:
+                seconds = time_generation(model, prompts, length, shared, args.repeats, lanes)
+                per_token = seconds / (PROMPTS * SAMPLES * length) * 1e6
+                first = first or per_token
+                kv = kv_bytes_per_step(config, prompt_tokens, (length - 1) / 2, shared)  # mean over the decode steps
+                kv_us = kv / (bandwidth * 1e9) / (PROMPTS * SAMPLES) * 1e6
+                print(f"{'shared' if shared else 'per-row':>8} {lanes:>5} {length:>6} {seconds:>7.2f} {per_token:>9.1f} "
+                      f"{per_token / first:>8.2f} {kv / 1e6:>11.1f} {kv_us:>17.1f} {per_token - kv_us:>14.1f}")  # fmt: skip
     return 0
 
 
