@@ -1,5 +1,5 @@
 """The decode benchmark (benchmarks/bench_decode.py): its KV-read count by hand, and a short run printing a row per
-cache layout and length (the shared-prompt rows reading less of the cache than the per-row ones)."""
+cache layout, lane count and length (the shared-prompt rows reading less of the cache than the per-row ones)."""
 
 import os
 import subprocess
@@ -34,7 +34,9 @@ def test_a_short_run_prints_both_layouts():
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["shared"], ["per-row"])]
-    assert [(r[0], int(r[1])) for r in rows] == [("shared", 4), ("shared", 8), ("per-row", 4), ("per-row", 8)]
-    kv_mb = {(r[0], int(r[1])): float(r[5]) for r in rows}
-    assert kv_mb[("shared", 8)] < kv_mb[("per-row", 8)]
+    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [
+        (layout, lanes, tokens) for layout in ("shared", "per-row") for lanes in (1, 2) for tokens in (4, 8)
+    ]  # one decode lane and two (the default --lanes 1,2)
+    kv_mb = {(r[0], int(r[1]), int(r[2])): float(r[6]) for r in rows}
+    assert kv_mb[("shared", 1, 8)] < kv_mb[("per-row", 1, 8)]
     assert "memory read bandwidth" in proc.stdout

@@ -67,6 +67,7 @@ class ToyWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self):
         env = {**self.get_env(), "pid": os.getpid(), "threads": torch.get_num_threads(), "flag": os.getenv("TOY_FLAG")}
+        env.update({var: os.getenv(var) for var in ("OMP_WAIT_POLICY", "MALLOC_ARENA_MAX")})
         return {**env, "nice": os.nice(0)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -226,6 +227,9 @@ def test_each_rank_sees_its_environment(groups, ray_session):
     assert [(e["VERL_NUM_THREADS"], e["threads"]) for e in envs] == [("1", 1), ("1", 1)]
     assert [e["flag"] for e in envs] == [None, None]
     assert [e["nice"] for e in envs] == [0, 0]  # Ray's default for workers is nice 15 (preempted by everything)
+    # CPU workers: OpenMP threads sleep when idle, and one glibc heap serves all threads (the decode lanes)
+    expected = (os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), os.environ.get("MALLOC_ARENA_MAX", "1"))
+    assert {(e["OMP_WAIT_POLICY"], e["MALLOC_ARENA_MAX"]) for e in envs} == {expected}
 
     (one,) = groups[1].env()
     assert (one["RANK"], one["WORLD_SIZE"], one["MASTER_ADDR"]) == ("0", "1", node_ip)
