@@ -1,26 +1,16 @@
 """Tests of the decode lanes (verl/workers/rollout/decode_lanes.py) and of the `hf` rollout generating in them: the
 split of a micro-batch, the threads' settings, and samples that do not depend on the number of lanes or on the
-micro-batch size (the tiny Qwen2 model)."""
+micro-batch size (the tiny Qwen2 model; `model` and `tokenizer` from this folder's conftest)."""
 
 import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, rollout_config
 from verl.workers.rollout import decode_lanes, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture

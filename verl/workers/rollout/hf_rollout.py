@@ -207,26 +207,38 @@ class HFRollout(BaseRollout):
         num_groups = int(groups.max()) + 1
         shared = num_groups < len(groups) and shared_prefix.applies_to(self.module.config)
         lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes)
-        parts = [rows[part] for part in decode_lanes.split_into_lanes(groups, lanes)]
-        prefill = [functools.partial(self._prefill, prompts, part, device, shared) for part in parts]
+        lane_rows = decode_lanes.split_into_lanes(groups, lanes)
+        parts = [rows[part] for part in lane_rows]
+        prefill = [
+            functools.partial(self._prefill, prompts, part, groups[index], device, shared, uniforms)
+            for part, index in zip(parts, lane_rows)
+        ]
         # FSDP2's hooks are not thread-safe; with the units gathered they are not needed (fsdp_utils)
         with fsdp_utils.concurrent_forwards(self.module) if len(parts) > 1 else contextlib.nullcontext():
             states = decode_lanes.run_lanes(prefill)
-            decode = []
-            for state, part in zip(states, parts):
-                state.uniforms = None if uniforms is None else uniforms[part].to(device)
-                decode.append(
-                    functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
-                )
+            decode = [
+                functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
+                for state in states
+            ]
             with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
                 results = decode_lanes.run_lanes(decode)
         return [(part, ids, lps) for part, (ids, lps) in zip(parts, results)]
 
-    def _prefill(self, prompts: DataProto, rows: torch.Tensor, device: torch.device, shared: bool) -> _Lane:
+    def _prefill(
+        self,
+        prompts: DataProto,
+        rows: torch.Tensor,
+        groups: torch.Tensor,
+        device: torch.device,
+        shared: bool,
+        uniforms: torch.Tensor | None,
+    ) -> _Lane:
         """One forward over the distinct prompts of `rows` (their common left padding cut), its KV cache set up for
-        decoding every row: a `SharedPrefixCache` when `shared`, else a per-row copy of each prompt's cache."""
+        decoding every row: a `SharedPrefixCache` when `shared`, else a per-row copy of each prompt's cache.
+        `groups`: the rows' prompt-group ids in the micro-batch (ascending in order of first appearance, gaps
+        allowed); `uniforms`: the whole call's draws (bs, response_length), or None for greedy."""
         ids, mask, pos = (prompts.batch[key][rows] for key in ("input_ids", "attention_mask", "position_ids"))
-        groups = prompt_groups(ids, mask, 0)
+        groups = torch.unique(groups, return_inverse=True)[1]  # renumbered 0..G-1, order kept
         first_row = group_first_rows(groups)
         start = _first_non_pad_column(mask[first_row])
         prompt_mask = mask[first_row, start:].to(device)
@@ -253,6 +265,7 @@ class HFRollout(BaseRollout):
             logits=logits[groups],
             attention=prompt_mask[groups],  # the 2-D mask of the per-row cache (unused by the shared one)
             next_pos=pos[first_row, -1].to(device)[groups] + 1,
+            uniforms=None if uniforms is None else uniforms[rows].to(device),
         )
 
     def _decode(
