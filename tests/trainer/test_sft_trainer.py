@@ -243,7 +243,7 @@ def test_two_ranks_match_one_rank(one_rank_run, tiny_model_dir, tmp_path):
     # Two ranks reduce gradients in another order than one (and run 1 thread each): rounding differs. AdamW divides
     # each element's gradient by its own running scale, so an element whose gradient is near rounding noise can move
     # by a different part of lr (2e-3) per step: a few elements differ by ~1e-5 after 6 steps (seen: 1.1e-5 on a
-    # Sapphire Rapids CPU). Wrong gradient averaging or data sharding would move nearly every element by ~lr.
+    # Sapphire Rapids CPU). Wrong data sharding or a rank's gradient left out would move nearly every element by ~lr.
     diffs = {key: (one[key] - two[key]).abs() for key in one}
     for key, diff in diffs.items():
         assert diff.max() <= 1e-4, (key, diff.max())
