@@ -1,6 +1,9 @@
 """Tests of the `hf` rollout engine (verl/workers/rollout/hf_rollout.py) and the shared post-processing (base.py)
 on the tiny random Qwen2 model."""
 
+import contextlib
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask
-from verl.workers.rollout import get_rollout_class
+from verl.workers.rollout import get_rollout_class, lean_decode
 from verl.workers.rollout.base import build_rollout_output, resolve_sampling
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -228,24 +231,36 @@ def test_bad_config_is_rejected(model):
         HFRollout(model, rollout_config(micro_batch_size=0))
 
 
-def record_batch_sizes(model):
-    """A forward pre-hook recording (batch size, sequence length) of every forward call of `model`."""
+@contextlib.contextmanager
+def recorded_forwards(model):
+    """Within the block, every forward of `model` as (thread name, rows, sequence length): its own forward calls
+    (the prefill, and each decode step under HF's forward) and the lean decoder's steps (`lean_decode.py`, one
+    token per row)."""
     calls = []
     handle = model.register_forward_pre_hook(
-        lambda _m, _args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+        lambda _m, _args, kwargs: calls.append((threading.current_thread().name, *kwargs["input_ids"].shape)),
+        with_kwargs=True,
     )
-    return calls, handle
+    step = lean_decode.LeanDecoder.step
+
+    def recorded_step(self, tokens, *args):
+        calls.append((threading.current_thread().name, len(tokens), 1))
+        return step(self, tokens, *args)
+
+    lean_decode.LeanDecoder.step = recorded_step
+    try:
+        yield calls
+    finally:
+        lean_decode.LeanDecoder.step = step
+        handle.remove()
 
 
 def test_repeated_prompts_are_prefilled_once_and_match_a_full_forward(model, tokenizer):
     """rollout.n copies of a prompt share one prefill; their samples and log-probs are those of a full forward."""
     prompts = make_prompts(tokenizer, seed=7).repeat(3, interleave=True)
-    calls, handle = record_batch_sizes(model)
-    try:
-        cfg = rollout_config(calculate_log_probs=True)
-        out = HFRollout(model, cfg, tokenizer).generate_sequences(prompts)
-    finally:
-        handle.remove()
+    with recorded_forwards(model) as calls:
+        out = HFRollout(model, rollout_config(calculate_log_probs=True), tokenizer).generate_sequences(prompts)
+    calls = [(rows, length) for _, rows, length in calls]
     longest = max(len(tokenizer(t)["input_ids"]) for t in TEXTS)
     assert calls[0] == (len(TEXTS), longest)  # one prefill row per distinct prompt, common left padding cut
     assert all(shape == (3 * len(TEXTS), 1) for shape in calls[1:])  # decode steps on all 12 rows
@@ -271,14 +286,11 @@ def test_finished_rows_leave_the_batch(model, tokenizer):
     rollout = HFRollout(model, rollout_config(), tokenizer)
     free = rollout.generate_sequences(make_prompts(tokenizer, validate=True))
     eos = int(free.batch["responses"][0, 1])  # greedy row 0 emits this token at step 1
-    calls, handle = record_batch_sizes(model)
-    try:
+    with recorded_forwards(model) as calls:
         out = rollout.generate_sequences(make_prompts(tokenizer, validate=True, eos_token_id=[eos, UNUSED_EOS]))
-    finally:
-        handle.remove()
     ended = [i for i in range(len(TEXTS)) if eos in free.batch["responses"][i].tolist()]
     assert 0 in ended
-    batch_sizes = [shape[0] for shape in calls]
+    batch_sizes = [rows for _, rows, _ in calls]
     assert batch_sizes[0] == len(TEXTS) and batch_sizes[-1] < len(TEXTS)  # the batch shrinks
     first_eos = [free.batch["responses"][i].tolist().index(eos) for i in ended]
     # decode forwards: a row whose first eos is token f feeds tokens 0..f-1 only; the others feed R-1 tokens

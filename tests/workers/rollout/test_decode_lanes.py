@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, rollout_config
+from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, recorded_forwards, rollout_config
 from verl.workers.rollout import decode_lanes, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -76,15 +76,8 @@ def test_samples_are_the_same_in_any_number_of_lanes_and_micro_batches(
     def generate(batch, lanes, micro=None):
         rollout = HFRollout(model, rollout_config(calculate_log_probs=True, micro_batch_size=micro), tokenizer)
         rollout.decode_lanes = lanes
-        calls = []
-        handle = model.register_forward_pre_hook(
-            lambda _m, _a, kw: calls.append((threading.current_thread().name, kw["input_ids"].shape[0])),
-            with_kwargs=True,
-        )
-        try:
-            return rollout.generate_sequences(batch), calls
-        finally:
-            handle.remove()
+        with recorded_forwards(model) as calls:
+            return rollout.generate_sequences(batch), [(name, rows) for name, rows, _ in calls]
 
     free, _ = generate(prompts(2047), 1)
     eos = [int(free.batch["responses"][0, 2]), int(free.batch["responses"][7, 1])]  # rows 0 and 7 stop early

@@ -16,8 +16,10 @@ micro-batch is prefilled once and its cache copied to the rows that share it (th
 prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. For plain-attention
 models under sdpa the copies are not even made: the rows of a prompt decode against its one copy of the prompt's
 keys and values (`shared_prefix.py`), so each decode step reads the prompt part of the cache once per prompt, not
-once per sample. Micro-batches are length-sorted and cut their common left padding. On CPU a micro-batch decodes in
-lanes of whole prompt groups, one core each (`decode_lanes.py`). Every row's random draws (one uniform per position)
+once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the model's arithmetic straight from its
+parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
+and cut their common left padding. On CPU a micro-batch decodes in lanes of whole prompt groups, one core each
+(`decode_lanes.py`). Every row's random draws (one uniform per position)
 are drawn up front from the call's seed, so its samples do not depend on the micro-batch size or the number of
 lanes. Greedy decoding gives what `generate` gives.
 
@@ -46,7 +48,7 @@ from transformers.generation.logits_process import (
 from verl.protocol import DataProto
 from verl.utils import fsdp_utils
 from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
-from verl.workers.rollout import decode_lanes, shared_prefix
+from verl.workers.rollout import decode_lanes, lean_decode, shared_prefix
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
@@ -89,6 +91,8 @@ class HFRollout(BaseRollout):
         self._calls = 0
         # decode lanes per micro-batch (decode_lanes.py): None = one per CPU intra-op thread (1 on a GPU)
         self.decode_lanes: int | None = None
+        # decode steps without HF's module calls where the model allows it (lean_decode.py); False: HF's forward
+        self.lean_decode = True
 
     # ------------------------------------------------------------------ weights
     def in_place_module(self) -> nn.Module | None:
@@ -172,10 +176,14 @@ class HFRollout(BaseRollout):
         self.module.eval()
         try:
             with fsdp_utils.unsharded(self.module):
+                lean = None
+                if self.lean_decode and lean_decode.applies_to(self.module):  # HF's forward otherwise
+                    positions = int(prompts.batch["position_ids"].max()) + self.response_length + 1
+                    lean = lean_decode.LeanDecoder(self.module, positions)
                 for start in range(0, bs, micro):
                     rows = order[start : start + micro]
                     for lane_rows, ids, lps in self._generate_micro_batch(
-                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs, uniforms
+                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs, uniforms, lean
                     ):
                         responses[lane_rows] = ids
                         if log_probs is not None:
@@ -194,6 +202,7 @@ class HFRollout(BaseRollout):
         pad_token_id: int,
         want_log_probs: bool,
         uniforms: torch.Tensor | None,
+        lean: lean_decode.LeanDecoder | None,
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """Sample responses for prompt rows `rows`, split into decode lanes (`decode_lanes.py`) of whole prompt
         groups: the lanes are prefilled side by side (distinct prompts once, common left padding cut), then decode
@@ -217,7 +226,7 @@ class HFRollout(BaseRollout):
         with fsdp_utils.concurrent_forwards(self.module) if len(parts) > 1 else contextlib.nullcontext():
             states = decode_lanes.run_lanes(prefill)
             decode = [
-                functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs)
+                functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs, lean)
                 for state in states
             ]
             with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
@@ -275,8 +284,10 @@ class HFRollout(BaseRollout):
         eos_token_id: int | list[int],
         pad_token_id: int,
         want_log_probs: bool,
+        lean: lean_decode.LeanDecoder | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The sampling loop of one prefilled lane; a row that emits an eos leaves the batch and its cache."""
+        """The sampling loop of one prefilled lane; a row that emits an eos leaves the batch and its cache. Each step
+        runs `lean.step` when given, else the module's forward."""
         logits, attention, next_pos, cache = lane.logits, lane.attention, lane.next_pos, lane.cache
         device = logits.device
         rows = len(logits)
@@ -304,6 +315,10 @@ class HFRollout(BaseRollout):
                 cache.batch_select_indices(keep)
             if not lane.shared:
                 attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
+            if lean is not None:
+                logits = lean.step(tokens, next_pos, cache, None if lane.shared else attention)
+                next_pos = next_pos + 1
+                continue
             logits = self.module(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=None if lane.shared else attention,

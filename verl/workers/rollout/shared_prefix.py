@@ -39,8 +39,13 @@ SDPA_IMPLEMENTATIONS = frozenset({"sdpa", "verl_sdpa_varlen"})
 
 
 def applies_to(config: Any) -> bool:
-    """Whether a model with this config decodes through the shared-prefix attention: a plain-attention model type
-    under sdpa (`SDPA_IMPLEMENTATIONS`), every layer full attention (no sliding window in use)."""
+    """Whether a model with this config decodes through the shared-prefix attention: `plain_sdpa_attention`."""
+    return plain_sdpa_attention(config)
+
+
+def plain_sdpa_attention(config: Any) -> bool:
+    """Whether a model's attention is plain scaled dot-product: a plain-attention model type under sdpa
+    (`SDPA_IMPLEMENTATIONS`), every layer full attention (no sliding window in use)."""
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     return (
         getattr(config, "model_type", None) in _PLAIN_ATTENTION_MODELS
@@ -165,20 +170,33 @@ def _shared_prefix_attention(
     response keys `key`/`value` (rows, kv_heads, L, head_dim). Returns (rows, 1, heads, head_dim), as HF's sdpa."""
     if shared_prefix is None or query.shape[2] != 1:
         raise RuntimeError(f"{ATTENTION_NAME} attention runs only decode steps of a SharedPrefixCache")
-    layer = shared_prefix.layers[module.layer_idx]
+    out = attend(shared_prefix, shared_prefix.layers[module.layer_idx], query, key, value, scaling)
+    return out.reshape(len(query), 1, query.shape[1], query.shape[-1]), None
+
+
+def attend(
+    cache: SharedPrefixCache,
+    layer: _SharedPrefixLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """The attention of one decode step at one layer of `cache`: query (rows, heads, 1, head_dim) against each row's
+    prompt (the layer's shared copy) and its own response keys/values `key`/`value` (rows, kv_heads, L, head_dim),
+    one softmax over both. Returns (rows, kv_heads, heads // kv_heads, head_dim): the heads in HF's order."""
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
-    prefix_scores = torch.matmul(shared_prefix._pack(q), layer.prefix_keys_t)
-    if shared_prefix.prefix_pad is not None:  # once per prompt, before its scores are copied to its rows
-        prefix_scores.masked_fill_(shared_prefix.prefix_pad, float("-inf"))
-    scores = torch.cat([shared_prefix._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)
+    prefix_scores = torch.matmul(cache._pack(q), layer.prefix_keys_t)
+    if cache.prefix_pad is not None:  # once per prompt, before its scores are copied to its rows
+        prefix_scores.masked_fill_(cache.prefix_pad, float("-inf"))
+    scores = torch.cat([cache._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    out = shared_prefix._unpack(torch.matmul(shared_prefix._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv)
-    out = out + torch.matmul(probs[..., prompt_len:], value)
-    return out.reshape(rows, 1, heads, dim), None
+    out = cache._unpack(torch.matmul(cache._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv)
+    return out + torch.matmul(probs[..., prompt_len:], value)
 
 
 AttentionInterface.register(ATTENTION_NAME, _shared_prefix_attention)
