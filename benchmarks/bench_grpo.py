@@ -55,11 +55,11 @@ def kind_of(name: str) -> str:
 
 # ------------------------------------------------------------------------------------- process + memory
 def child_env(name: str) -> dict[str, str]:
-    """The environment of every run: offline HF, and the same OpenMP setting for all (spinning threads are
-    ~10x slower on a shared, busy CPU), plus the variant's own variables."""
+    """The environment of every run: offline HF, plus the variant's own variables. OpenMP's settings are each
+    tool's own (what its user gets; the bench is run on a quiet machine): OpenMP's defaults for TRL, bare HF and the
+    single-process run, the worker group's choice for ours' Ray worker (`cpu_worker_threading_env`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(OURS_VARIANT_ENV.get(name, {}))
     return env
 

@@ -114,6 +114,7 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours": FAST,
     "ours-single_process": FAST + ["trainer.single_process=true"],  # the worker in the driver, no Ray
     "ours-ray_nice15": FAST,  # the Ray worker at Ray's own default priority (nice 15), as before this change
+    "ours-passive": FAST,  # the worker's OpenMP threads sleep between kernels (the worker group's setting before)
     "ours-defaults": [],
     "ours-not_lean": REUSE + REMOVE_PADDING + SHARE_PROMPT,  # HF's RMSNorm/MLP backward (more saved activations)
     "ours+reuse_logprobs": REUSE,
@@ -123,7 +124,10 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours-lora": FAST + ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"],
 }
 # name -> environment variables of the run (added to the benchmark's own)
-OURS_VARIANT_ENV: dict[str, dict[str, str]] = {"ours-ray_nice15": {"RAY_worker_niceness": "15"}}
+OURS_VARIANT_ENV: dict[str, dict[str, str]] = {
+    "ours-ray_nice15": {"RAY_worker_niceness": "15"},
+    "ours-passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+}
 
 
 # ------------------------------------------------------------------------------------------------ set-up

@@ -15,6 +15,7 @@ from verl.single_controller import (
 )
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.local import close_local_worker_groups
+from verl.utils import cpu_share
 
 
 class _Echo(Worker):
@@ -34,13 +35,16 @@ class _Echo(Worker):
 def test_local_worker_group_calls_the_worker_in_process_and_restores_the_environment(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "7")
+    monkeypatch.delenv("VERL_ADAPTIVE_THREADS", raising=False)
     group = LocalWorkerGroup(RayResourcePool([1]), RayClassWithInitArgs(_Echo, 3))
     assert group.world_size == 1
     assert group.env() == [("0", "1", 3)]  # ONE_TO_ALL: one output per rank, as on Ray
+    assert cpu_share._POLICY is not None  # a CPU worker's calls follow the machine's load (cpu_share)
     future = group.later(5)
     assert future.done() and future.get() == [15]
     group.close()
     assert "RANK" not in os.environ and os.environ["WORLD_SIZE"] == "7"
+    assert cpu_share._POLICY is None and "VERL_ADAPTIVE_THREADS" not in os.environ
     with pytest.raises(ValueError, match=r"exactly one worker.*\[2\] processes per node"):
         LocalWorkerGroup(RayResourcePool([2]), RayClassWithInitArgs(_Echo, 3))
 

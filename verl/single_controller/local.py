@@ -28,9 +28,10 @@ from verl.single_controller.base.decorator import (
     dispatch_calls,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, get_free_port
+from verl.single_controller.base.worker import ADAPTIVE_THREADS_ENV, NUM_THREADS_ENV, Worker, get_free_port
 from verl.single_controller.base.worker_group import WorkerGroup
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
+from verl.utils import cpu_share
 
 __all__ = ["DoneFuture", "LocalWorkerGroup", "close_local_worker_groups"]
 
@@ -95,6 +96,8 @@ class LocalWorkerGroup(WorkerGroup):
             "MASTER_PORT": str(get_free_port()),
             NUM_THREADS_ENV: str(resource_pool.num_threads_per_process()),
         }
+        if not resource_pool.use_gpu:  # the thread policy; OpenMP's variables were read when this process started
+            env[ADAPTIVE_THREADS_ENV] = os.environ.get(ADAPTIVE_THREADS_ENV, "1")
         self._saved_env = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         try:
@@ -148,6 +151,7 @@ class LocalWorkerGroup(WorkerGroup):
         from verl.utils.fsdp_utils import destroy_distributed
 
         destroy_distributed()
+        cpu_share.disable()  # the worker's thread policy ends with it
         owner._restore_env()
 
     def _restore_env(self) -> None:

@@ -22,6 +22,7 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.single_controller.ray.base import put_shared_arguments
+from verl.utils import cpu_share
 
 pytestmark = pytest.mark.ray
 
@@ -67,8 +68,8 @@ class ToyWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self):
         env = {**self.get_env(), "pid": os.getpid(), "threads": torch.get_num_threads(), "flag": os.getenv("TOY_FLAG")}
-        env.update({var: os.getenv(var) for var in ("OMP_WAIT_POLICY", "MALLOC_ARENA_MAX")})
-        return {**env, "nice": os.nice(0)}
+        env.update({var: os.getenv(var) for var in ("OMP_WAIT_POLICY", "MALLOC_ARENA_MAX", "VERL_ADAPTIVE_THREADS")})
+        return {**env, "nice": os.nice(0), "thread_policy": cpu_share._POLICY is not None}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def all_reduce(self, value: float):
@@ -227,9 +228,11 @@ def test_each_rank_sees_its_environment(groups, ray_session):
     assert [(e["VERL_NUM_THREADS"], e["threads"]) for e in envs] == [("1", 1), ("1", 1)]
     assert [e["flag"] for e in envs] == [None, None]
     assert [e["nice"] for e in envs] == [0, 0]  # Ray's default for workers is nice 15 (preempted by everything)
-    # CPU workers: OpenMP threads sleep when idle, and one glibc heap serves all threads (the decode lanes)
-    expected = (os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), os.environ.get("MALLOC_ARENA_MAX", "1"))
+    # CPU workers: OpenMP's own waiting (the driver's setting, if any), the thread count following the machine's
+    # load (cpu_share), and one glibc heap for all threads (the decode lanes)
+    expected = (os.environ.get("OMP_WAIT_POLICY"), os.environ.get("MALLOC_ARENA_MAX", "1"))
     assert {(e["OMP_WAIT_POLICY"], e["MALLOC_ARENA_MAX"]) for e in envs} == {expected}
+    assert all(e["VERL_ADAPTIVE_THREADS"] == "1" and e["thread_policy"] for e in envs)
 
     (one,) = groups[1].env()
     assert (one["RANK"], one["WORLD_SIZE"], one["MASTER_ADDR"]) == ("0", "1", node_ip)

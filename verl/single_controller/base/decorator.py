@@ -43,6 +43,7 @@ from verl.protocol import (
     pad_dataproto_to_divisor,
     unpad_dataproto,
 )
+from verl.utils import cpu_share
 from verl.utils import tensordict_utils as tu
 from verl.utils.py_functional import DynamicEnum
 
@@ -139,7 +140,9 @@ def register(
     """Mark a Worker method as callable on the whole worker group.
 
     Returns a wrapper of the method (async if the method is) that first fetches any `DataProtoFuture` argument
-    (`materialize_futures`), carrying the settings under MAGIC_ATTR; it can still be called locally. With
+    (`materialize_futures`), carrying the settings under MAGIC_ATTR; it can still be called locally. A plain
+    (not async) method runs as one `cpu_share.worker_call`: in a CPU worker that enabled it, with as many torch
+    threads as the machine's other processes leave cores free. With
     `blocking=False` the group method returns a future whose `.get()` gives the collected result.
     """
     _check_dispatch_mode(dispatch_mode)
@@ -152,7 +155,8 @@ def register(
         def inner(*args: Any, **kwargs: Any) -> Any:
             if materialize_futures:
                 args, kwargs = _materialize_futures(*args, **kwargs)
-            return func(*args, **kwargs)
+            with cpu_share.worker_call():  # a CPU worker's thread count follows the machine's load (cpu_share.py)
+                return func(*args, **kwargs)
 
         @wraps(func)
         async def async_inner(*args: Any, **kwargs: Any) -> Any:

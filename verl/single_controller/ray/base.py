@@ -42,7 +42,12 @@ from verl.single_controller.base.decorator import (
     registered_methods,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import NUM_THREADS_ENV, RETAIN_FREED_MEMORY_ENV, Worker
+from verl.single_controller.base.worker import (
+    NUM_THREADS_ENV,
+    RETAIN_FREED_MEMORY_ENV,
+    Worker,
+    cpu_worker_threading_env,
+)
 from verl.single_controller.base.worker_group import WorkerGroup
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
@@ -297,7 +302,7 @@ class RayWorkerGroup(WorkerGroup):
 
     Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
     is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-    VERL_NUM_THREADS set (on CPU also OMP_WAIT_POLICY=PASSIVE and MALLOC_ARENA_MAX=1, unless the driver sets
+    VERL_NUM_THREADS set (on CPU also `cpu_worker_threading_env` and MALLOC_ARENA_MAX=1, unless the driver sets
     them), at nice 0 (Ray's default is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node
     IP) and a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
     the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so `cuda:LOCAL_RANK`
@@ -368,8 +373,8 @@ class RayWorkerGroup(WorkerGroup):
                     NUM_THREADS_ENV: str(pool.num_threads_per_process()),
                     **master,
                 }
-                if not pool.use_gpu:  # idle OpenMP threads sleep instead of spinning: on a busy CPU spinning
-                    env_vars["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")  # cost 10x here
+                if not pool.use_gpu:
+                    env_vars.update(cpu_worker_threading_env())
                     # one glibc heap for all threads: what the rollout's decode lanes free is reused by the update
                     # instead of staying in the lane threads' own arenas (-55 MB at the bench's peak)
                     env_vars["MALLOC_ARENA_MAX"] = os.environ.get("MALLOC_ARENA_MAX", "1")

@@ -71,7 +71,7 @@ class WorkerLogTail:
     """Tail `logs_dir`'s worker, raylet and GCS error files in a daemon thread; print new lines with Ray's
     prefixes to this process's stdout (`.out` files) and stderr (`.err` files). `stop()` prints what is left."""
 
-    def __init__(self, logs_dir: str, interval_s: float = 0.2):
+    def __init__(self, logs_dir: str, interval_s: float = 1.0):
         self.logs_dir = logs_dir
         self.interval_s = interval_s
         self._files: dict[str, _TailedFile] = {}

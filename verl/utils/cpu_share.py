@@ -1,0 +1,141 @@
+"""How many torch threads a CPU worker's next call computes with: its CPU share, less the cores the machine's other
+processes kept busy since its last call.
+
+Owns `ThreadPolicy` (the pick), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
+applies to every worker call) and `machine_busy_ticks` (the clock ticks the CPUs this process may run on spent
+busy, from /proc/stat).
+
+Why: between kernels a CPU worker's OpenMP threads either sleep (`OMP_WAIT_POLICY=PASSIVE`: every kernel wakes its
+partner, ~20% of an update micro-batch on the bench model) or spin for a while first (OpenMP's default, which CPU
+workers keep): fast on a quiet machine, but a spinning thread whose partner another process's work descheduled waits
+at every barrier. Measured on one update micro-batch of the bench model, 2 cores (benchmarks/README.md): quiet, 2
+threads spinning 0.40 s, sleeping 0.48, 1 thread 0.68; beside one busy process, 2 spinning 1.09, 2 sleeping 0.81,
+1 thread 0.69. So: spin, and compute with as many threads as there are cores the others leave free.
+
+The others' use is measured over each worker call that lasts `MIN_WINDOW_S` or more (while this worker computes, not
+while it waits for the driver, whose own work between calls must not count): the busy ticks of this process's CPUs
+(/proc/stat) less this process's own (/proc/self/stat), over the call's wall time. The next call computes with
+round(CPUs - others' cores) threads, at least 1 and at most the worker's share; the first call with the share.
+Where /proc is missing (not Linux) the share is kept. A kernel's float rounding can depend on the thread count, so the same seed can differ in
+its last bits between a quiet and a busy machine.
+
+Layer 1: imports os, time and torch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+
+MIN_WINDOW_S = 0.2  # a shorter window holds too few clock ticks (10 ms each) to tell
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_busy_ticks(cpus: set[int]) -> int | None:
+    """Clock ticks the CPUs in `cpus` spent busy since boot (all but idle and iowait), or None without /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            lines = stat.readlines()
+    except OSError:
+        return None
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy
+
+
+def own_ticks() -> int | None:
+    """Clock ticks this process (all its threads) has run, user + system, or None without /proc."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+
+
+class ThreadPolicy:
+    """Torch's intra-op thread count per call for a worker whose CPU share is `share` threads (see the module
+    docstring). `clock`, `busy` and `own` are the sources of wall seconds and busy ticks (a test passes its own)."""
+
+    def __init__(self, share: int, clock=time.monotonic, busy=machine_busy_ticks, own=own_ticks):
+        if share < 1:
+            raise ValueError(f"a worker's CPU share must be at least 1 thread, got {share}")
+        self.share = share
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count()))
+        self._clock, self._busy, self._own = clock, busy, own
+        self.threads = share
+        self._depth = 0  # calls in progress (a worker method may call another)
+        self._start: tuple | None = None
+
+    def _sample(self) -> tuple[float, int | None, int | None]:
+        return self._clock(), self._busy(self.cpus), self._own()
+
+    @staticmethod
+    def others_cores(before: tuple, after: tuple) -> float | None:
+        """Cores the other processes kept busy between two samples, or None when it cannot be told."""
+        (t0, busy0, own0), (t1, busy1, own1) = before, after
+        if None in (busy0, busy1, own0, own1) or t1 - t0 <= 0:
+            return None
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / _CLOCK_TICKS / (t1 - t0)
+
+    def start(self) -> int:
+        """A call begins: set torch's thread count to the one the last measured call left, return it."""
+        self._depth += 1
+        if self._depth == 1:
+            self._start = self._sample()
+            if torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
+        return self.threads
+
+    def finish(self) -> None:
+        """A call ended: when it lasted `MIN_WINDOW_S` or more, the next call's count is the cores the other
+        processes left free while it ran (round(CPUs - their cores), within 1 and the share)."""
+        self._depth = max(0, self._depth - 1)
+        if self._depth or self._start is None:
+            return
+        end = self._sample()
+        if end[0] - self._start[0] >= MIN_WINDOW_S:
+            others = self.others_cores(self._start, end)
+            if others is not None:
+                self.threads = max(1, min(self.share, round(len(self.cpus) - others)))
+        self._start = None
+
+
+_POLICY: ThreadPolicy | None = None
+
+
+def enable(share: int) -> ThreadPolicy:
+    """Make this process's worker calls (`worker_call`) pick their thread count, for a CPU share of `share`."""
+    global _POLICY
+    _POLICY = ThreadPolicy(share)
+    return _POLICY
+
+
+def disable() -> None:
+    """Worker calls keep whatever thread count is set (the default)."""
+    global _POLICY
+    _POLICY = None
+
+
+@contextlib.contextmanager
+def worker_call() -> Iterator[None]:
+    """The block is one worker call: with a policy enabled in this process it runs with the thread count the policy
+    picks (`ThreadPolicy.start`) and is measured for the next (`ThreadPolicy.finish`); else nothing happens."""
+    policy = _POLICY
+    if policy is None:
+        yield
+        return
+    policy.start()
+    try:
+        yield
+    finally:
+        policy.finish()
