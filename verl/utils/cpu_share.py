@@ -1,5 +1,5 @@
 """How many torch threads a CPU worker's next call computes with: its CPU share, less the cores the machine's other
-processes kept busy since its last call.
+processes kept busy during its last call.
 
 Owns `ThreadPolicy` (the pick), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
 applies to every worker call) and `machine_busy_ticks` (the clock ticks the CPUs this process may run on spent
@@ -16,8 +16,8 @@ The others' use is measured over each worker call that lasts `MIN_WINDOW_S` or m
 while it waits for the driver, whose own work between calls must not count): the busy ticks of this process's CPUs
 (/proc/stat) less this process's own (/proc/self/stat), over the call's wall time. The next call computes with
 round(CPUs - others' cores) threads, at least 1 and at most the worker's share; the first call with the share.
-Where /proc is missing (not Linux) the share is kept. A kernel's float rounding can depend on the thread count, so the same seed can differ in
-its last bits between a quiet and a busy machine.
+Where /proc is missing (not Linux) the share is kept. A kernel's float rounding can depend on the thread count, so
+the same seed can differ in its last bits between a quiet and a busy machine.
 
 Layer 1: imports os, time and torch only.
 """
