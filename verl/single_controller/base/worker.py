@@ -157,7 +157,7 @@ class Worker:
             )
         self._num_threads = set_torch_threads_from_env()
         self._retains_freed_memory = retain_freed_memory_from_env()
-        self._thread_policy = adaptive_threads_from_env(self._num_threads)
+        adaptive_threads_from_env(self._num_threads)  # the process's policy lives in cpu_share (read by @register)
 
     @property
     def rank(self) -> int:

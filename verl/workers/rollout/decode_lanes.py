@@ -5,10 +5,10 @@ Owns `lane_count` (how many lanes a micro-batch gets), `split_into_lanes` (which
 
 Why: a decode step of a small model is a few dozen small kernels. With two or more intra-op threads every kernel
 is an OpenMP region whose helper threads must be woken (under `OMP_WAIT_POLICY=PASSIVE` they sleep between kernels)
-or must spin (which costs several times over when another process wants the cores). Two
-lanes of one thread each never wake anyone: on the bench shape (16 prompts x 8 samples, 64 tokens, 2 cores) the
-generation took 1.03 s against 1.59-1.74 s on one micro-batch with two threads (benchmarks/README.md). torch
-releases the GIL inside every kernel, so the lanes' Python overlaps with the other lane's compute.
+or must spin (which costs several times over when another process wants the cores). Two lanes of one thread each
+never wake anyone: on the bench shape (16 prompts x 8 samples, 64 tokens, 2 cores) the generation took 1.03 s
+against 1.59-1.74 s on one micro-batch with two threads (benchmarks/README.md). torch releases the GIL inside every
+kernel, so the lanes' Python overlaps with the other lane's compute.
 
 A lane holds whole prompt groups (the `rollout.n` samples of a prompt stay together: they share one prefill), and
 lanes are balanced by row count. Each row's random draws come from the caller (one uniform per row and position),

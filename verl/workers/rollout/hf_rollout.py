@@ -19,9 +19,9 @@ keys and values (`shared_prefix.py`), so each decode step reads the prompt part 
 once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the model's arithmetic straight from its
 parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
 and cut their common left padding. On CPU a micro-batch decodes in lanes of whole prompt groups, one core each
-(`decode_lanes.py`). Every row's random draws (one uniform per position)
-are drawn up front from the call's seed, so its samples do not depend on the micro-batch size or the number of
-lanes. Greedy decoding gives what `generate` gives.
+(`decode_lanes.py`). Every row's random draws (one uniform per position) are drawn up front from the call's seed, so
+its samples do not depend on the micro-batch size or the number of lanes. Greedy decoding gives what `generate`
+gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
@@ -317,14 +317,13 @@ class HFRollout(BaseRollout):
                 attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
             if lean is not None:
                 logits = lean.step(tokens, next_pos, cache, None if lane.shared else attention)
-                next_pos = next_pos + 1
-                continue
-            logits = self.module(
-                input_ids=tokens.unsqueeze(-1),
-                attention_mask=None if lane.shared else attention,
-                position_ids=next_pos.unsqueeze(-1),
-                **decode_kwargs,
-            ).logits[:, -1]
+            else:
+                logits = self.module(
+                    input_ids=tokens.unsqueeze(-1),
+                    attention_mask=None if lane.shared else attention,
+                    position_ids=next_pos.unsqueeze(-1),
+                    **decode_kwargs,
+                ).logits[:, -1]
             next_pos = next_pos + 1
         return responses.cpu(), (log_probs.cpu() if log_probs is not None else None)
 

@@ -119,9 +119,10 @@ class LeanDecoder:
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.lm_head, self.lm_head_bias = model.lm_head.weight, model.lm_head.bias
-        dtype = self.embed.dtype
         table = torch.arange(positions, device=self.embed.device)[None]
-        cos, sin = inner.rotary_emb(self.embed[:1].to(dtype), table)  # (1, positions, head_dim), HF's own values
+        cos, sin = inner.rotary_emb(
+            self.embed[:1], table
+        )  # (1, positions, head_dim) in the weights' dtype, HF's values
         self.cos, self.sin = cos[0], sin[0]
         self.layers = [_layer(layer) for layer in inner.layers]
 
@@ -149,9 +150,10 @@ class LeanDecoder:
             if q_norm is not None:
                 q, k = _rms_norm(q, q_norm, self.eps), _rms_norm(k, k_norm, self.eps)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            keys, values = cache.layers[index].update(k, v)
+            layer_cache = cache.layers[index]
+            keys, values = layer_cache.update(k, v)
             if mask is None:
-                out = shared_prefix.attend(cache, cache.layers[index], q, keys, values, self.scaling)
+                out = shared_prefix.attend(cache, layer_cache, q, keys, values, self.scaling)
             else:
                 out = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
