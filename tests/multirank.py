@@ -50,3 +50,17 @@ def run_ranks(fn, world_size: int, port: int, *args, timeout_s: float = 120) -> 
             for process in context.processes:
                 process.kill()
             pytest.fail(f"the {world_size}-rank run of {fn.__name__} did not finish within {timeout_s:.0f} s")
+
+
+def shard_on_cpu(model, **root_kwargs) -> None:
+    """FSDP2-shard each decoder layer of `model`, then its root (`root_kwargs` go to the root's `fully_shard`), on a
+    CPU mesh over the started gloo group. Without a mesh FSDP2 takes the accelerator when one is visible: the
+    parameters then go to the GPU and gloo's collectives on them crash the rank (seen on an H200)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh, **root_kwargs)

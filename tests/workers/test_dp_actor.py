@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.multirank import run_ranks
+from tests.multirank import run_ranks, shard_on_cpu
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import free_port
 from verl.workers.actor import DataParallelPPOActor
@@ -325,16 +325,13 @@ def dp_data() -> DataProto:
 def run_dp_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """One rank: FSDP2-shard the tiny model, update on this rank's rows in 2 mini-batches of 2, save the result."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         model = make_model()
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+        shard_on_cpu(model)
         config = actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1)
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=DP_LR))
         metrics = actor.update_policy(dp_data()[RANK_ROWS[rank]])
@@ -377,7 +374,6 @@ ODD_ROWS = 7  # not divisible by 2 ranks: DP_COMPUTE_PROTO pads it to 8 with a c
 def run_padded_rank(rank: int, world_size: int, port: int, out_dir: str, loss_agg_mode: str) -> None:
     """One rank: update on its DP_COMPUTE_PROTO chunk of an odd batch (rank 1's last row is padding)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     from verl.single_controller.base.decorator import Dispatch, dispatch_calls
 
@@ -386,9 +382,7 @@ def run_padded_rank(rank: int, world_size: int, port: int, out_dir: str, loss_ag
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         model = make_model()
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+        shard_on_cpu(model)
         calls = dispatch_calls(Dispatch.DP_COMPUTE_PROTO, world_size, (dp_data()[list(range(ODD_ROWS))],), {})
         config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, loss_agg_mode=loss_agg_mode)
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=DP_LR))

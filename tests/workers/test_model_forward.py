@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
-from tests.multirank import run_ranks
+from tests.multirank import run_ranks, shard_on_cpu
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import free_port
 from verl.workers.actor import DataParallelPPOActor
@@ -226,7 +226,6 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
     import os
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -240,9 +239,7 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         model_forward.HEAD_CHUNK_ELEMENTS = layout.pop("head_chunk_elements", model_forward.HEAD_CHUNK_ELEMENTS)
         model = make_model(seed=1)
         data = ppo_batch(model)  # built from the unsharded model: the same on both ranks
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model, reshard_after_forward=layout.pop("reshard_root", None))  # None: FSDP2's root default
+        shard_on_cpu(model, reshard_after_forward=layout.pop("reshard_root", None))  # None: FSDP2's root default
         config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, **layout)
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1.0))
         actor.update_policy(data[list(range(4 * rank, 4 * rank + 4))])

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from tests.multirank import run_ranks
+from tests.multirank import run_ranks, shard_on_cpu
 from verl.models.tiny import random_qwen2
 from verl.protocol import DataProto
 from verl.utils import tensordict_utils as tu
@@ -213,16 +213,13 @@ RANK_PACKED_ROWS = [[0, 2, 4], [1, 3]]
 
 def run_packed_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         model = make_model(3)
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+        shard_on_cpu(model)
         engine = FSDPEngine.from_module(model, torch.optim.SGD(model.parameters(), lr=0.5),
                                         optimizer_config={"clip_grad": 1e9})  # fmt: skip
         engine.micro_batch_size_per_gpu = 1 if rank == 0 else 2  # 3 micro-batches on rank 0, 1 on rank 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.multirank import shard_on_cpu
 from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, recorded_forwards, rollout_config
 from verl.workers.rollout import decode_lanes, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -103,7 +104,6 @@ def test_lanes_generate_with_the_actors_fsdp2_module(model, tokenizer, tiny_mode
     thread-safe, so the lanes run its forwards with the hooks idle (`fsdp_utils.concurrent_forwards`); the samples
     equal the plain model's in one lane, twice in a row, and the module is sharded and usable afterwards."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     from verl.utils.fsdp_utils import free_port
@@ -111,9 +111,7 @@ def test_lanes_generate_with_the_actors_fsdp2_module(model, tokenizer, tiny_mode
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     sharded = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    for layer in sharded.model.layers:
-        fully_shard(layer)
-    fully_shard(sharded)
+    shard_on_cpu(sharded)
     prompts = make_prompts(tokenizer, seed=3).repeat(3, interleave=True)
     cfg = rollout_config(calculate_log_probs=True)
     one = HFRollout(model, cfg, tokenizer)
