@@ -43,14 +43,14 @@ def make_model(seed: int = 0) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(qwen2_config())
 
 
-def make_batch(seed: int = 0) -> DataProto:
+def make_batch(seed: int = 0, prompt_of: list[int] = PROMPT_OF) -> DataProto:
     """Left-padded prompts (some shared), right-padded responses, masks and position ids as the rollout makes."""
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in PROMPT_LENS]
-    bs = len(PROMPT_OF)
+    bs = len(prompt_of)
     ids = torch.zeros(bs, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
     mask = torch.zeros_like(ids)
-    for row, (p, r) in enumerate(zip(PROMPT_OF, RESPONSE_LENS)):
+    for row, (p, r) in enumerate(zip(prompt_of, RESPONSE_LENS)):
         n = PROMPT_LENS[p]
         ids[row, PROMPT_LEN - n : PROMPT_LEN] = prompts[p]
         ids[row, PROMPT_LEN : PROMPT_LEN + r] = torch.randint(1, VOCAB, (r,), generator=gen)
@@ -101,6 +101,34 @@ def test_layout_log_probs_and_gradients_equal_a_full_forward(layout):
     if layout.get("use_remove_padding"):  # only real tokens are computed: position t needs token t-1
         previous_real = torch.cat([torch.ones(len(mask), 1), mask[:, :-1]], dim=1).bool()
         assert torch.equal(where, previous_real)
+
+
+@pytest.mark.parametrize("prompt_of, broadcast", [([0, 0, 1, 1, 2, 2, 3, 3], True), ([0, 0, 1, 1, 2, 2, 3, 4], False),
+                                                 ([1, 1, 0, 0, 2, 2, 3, 3], True), ([0, 1, 0, 1, 2, 2, 3, 3], False)])  # fmt: skip
+def test_shared_prompt_copies_the_prompt_cache_by_broadcast_when_rows_are_in_group_order(prompt_of, broadcast):
+    """Rows in group order, n each: each prompt's keys/values reach its rows by a broadcast (no index); otherwise
+    by `batch_select_indices`. Either way log-probs and gradients equal a full forward."""
+    from transformers import DynamicCache
+
+    model, batch = make_model(), make_batch(prompt_of=prompt_of).batch
+    mask = batch["response_mask"].float()
+    reference = full_forward_log_probs(model, batch)
+    (reference * mask).sum().backward()
+    reference_grads = grads(model)
+    model.zero_grad()
+    indexed = []
+    original = DynamicCache.batch_select_indices
+    DynamicCache.batch_select_indices = lambda cache, indices: indexed.append(indices) or original(cache, indices)
+    try:
+        logits, where = response_outputs(model, batch, RESPONSE_LEN, is_lm=True, share_prompt_prefix=True)
+    finally:
+        DynamicCache.batch_select_indices = original
+    assert (not indexed) == broadcast
+    log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["responses"][where].unsqueeze(-1))
+    log_probs = scatter_to_responses(log_probs.squeeze(-1), where)
+    torch.testing.assert_close(log_probs * mask, reference.detach() * mask, atol=2e-6, rtol=0)
+    (log_probs * mask).sum().backward()
+    torch.testing.assert_close(grads(model), reference_grads, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
