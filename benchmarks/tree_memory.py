@@ -50,61 +50,93 @@ def process_name(cmd: str) -> str:
 
 
 class TreeMemory:
-    """Samples RSS and PSS of a process and all its descendants every `interval` s; keeps the peaks.
+    """Samples the RSS of a process and all its descendants every `interval` s, and their PSS every
+    `pss_every`-th sample; keeps the peaks.
 
     `peak_mb` / `peak_pss_mb`: the whole tree. `peak_work_mb`: the driver and the processes doing the work, i.e.
     the tree less Ray's own daemons (gcs_server, raylet, dashboard, log monitor) and idle pre-started workers.
     `peak_by_kind`: RSS per process kind, each at its own peak. `peak_by_process`: pid -> (kind, name, peak RSS MB)
     of every process seen, the name being its command line's first word (a Ray worker's `ray::<actor class>`).
+
+    The sampler must not slow what it measures. RSS (/proc/<pid>/statm) is a counter read; listing the tree and
+    reading command lines scan /proc, and PSS (/proc/<pid>/smaps_rollup) walks each process's page tables under
+    its memory-map lock, which a worker faulting in new memory then waits on. So the tree is listed and its PSS
+    read on every `pss_every`-th sample only (every 1 s by default; a process started in between is counted from
+    then on), RSS on every one.
     """
 
-    def __init__(self, pid: int, interval: float = 0.2):
-        self.pid, self.interval = pid, interval
+    def __init__(self, pid: int, interval: float = 0.2, pss_every: int = 5):
+        self.pid, self.interval, self.pss_every = pid, interval, max(1, pss_every)
         self.peak_mb = self.peak_work_mb = self.peak_pss_mb = 0.0
         self.peak_by_kind: dict[str, float] = {}
         self.peak_by_process: dict[int, tuple[str, str, float]] = {}  # pid -> (kind, name, peak RSS MB)
+        self._procs: list = []  # the tree as last listed
+        self._kinds: dict[int, str] = {}  # pid -> kind, from its command line when the tree was last listed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def _sample(self, procs) -> tuple[dict[str, float], float]:
+    def _relist(self) -> bool:
+        """List the tree again and re-read each process's command line (a Ray worker's changes as it becomes an
+        actor); False once the root has exited."""
         import psutil
 
-        by_kind: dict[str, float] = {}
-        pss_total = 0.0
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return False
+        self._procs, self._kinds = [], {}
         for proc in procs:
             try:
-                full = proc.memory_full_info()
                 cmd = " ".join(proc.cmdline())
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             kind = process_kind(proc.pid == self.pid, cmd)
-            by_kind[kind] = by_kind.get(kind, 0.0) + full.rss / 2**20
             seen_kind, name, peak = self.peak_by_process.get(proc.pid, (kind, "", 0.0))
             # a command line empties as the process exits; a Ray worker starts as `python default_worker.py`,
             # then ray::IDLE, and becomes an actor (kind "workers" from then on)
             if cmd and (not name or name == "ray::IDLE" or kind == "workers"):
                 name, seen_kind = ("driver" if kind == "driver" else process_name(cmd)), kind
-            self.peak_by_process[proc.pid] = (seen_kind, name, max(peak, full.rss / 2**20))
-            pss_total += getattr(full, "pss", full.rss) / 2**20
+            self.peak_by_process[proc.pid] = (seen_kind, name, peak)
+            self._procs.append(proc)
+            self._kinds[proc.pid] = kind
+        return True
+
+    def _sample(self, with_pss: bool) -> tuple[dict[str, float], float]:
+        """RSS per kind over the listed tree, and its PSS total (0 when not read this time)."""
+        import psutil
+
+        by_kind: dict[str, float] = {}
+        pss_total = 0.0
+        for proc in self._procs:
+            try:
+                mem = proc.memory_full_info() if with_pss else proc.memory_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            rss = mem.rss / 2**20
+            kind = self._kinds[proc.pid]
+            by_kind[kind] = by_kind.get(kind, 0.0) + rss
+            seen_kind, name, peak = self.peak_by_process[proc.pid]
+            self.peak_by_process[proc.pid] = (seen_kind, name, max(peak, rss))
+            if with_pss:
+                pss_total += getattr(mem, "pss", mem.rss) / 2**20
         return by_kind, pss_total
 
     def _loop(self) -> None:
-        import psutil
-
+        count = 0
         while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root] + root.children(recursive=True)
-            except psutil.NoSuchProcess:
+            with_pss = count % self.pss_every == 0
+            if with_pss and not self._relist():
                 return
-            by_kind, pss_total = self._sample(procs)
+            by_kind, pss_total = self._sample(with_pss)
             total = sum(by_kind.values())
             work = by_kind.get("driver", 0.0) + by_kind.get("workers", 0.0)
             self.peak_mb, self.peak_work_mb = max(self.peak_mb, total), max(self.peak_work_mb, work)
             self.peak_pss_mb = max(self.peak_pss_mb, pss_total)
             for kind, rss in by_kind.items():
                 self.peak_by_kind[kind] = max(self.peak_by_kind.get(kind, 0.0), rss)
+            count += 1
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
