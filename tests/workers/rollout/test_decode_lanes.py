@@ -40,6 +40,23 @@ def test_lane_count_follows_threads_rows_and_groups(two_threads):
     assert decode_lanes.lane_count(torch.device("cuda"), rows=128, groups=16) == 1
 
 
+@pytest.mark.parametrize(
+    "env, spin", [({}, True), ({"OMP_WAIT_POLICY": "passive"}, False), ({"OMP_WAIT_POLICY": "ACTIVE"}, True),
+                  ({"GOMP_SPINCOUNT": "0"}, False), ({"GOMP_SPINCOUNT": "10000"}, True)])  # fmt: skip
+def test_lane_count_with_the_shared_cache_follows_openmp_waiting(two_threads, monkeypatch, env, spin):
+    """Spinning OpenMP threads: one lane on all threads when the decode uses the shared-prompt cache; sleeping
+    threads: one lane per thread. The per-row cache keeps one lane per thread either way."""
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cpu = torch.device("cpu")
+    assert decode_lanes.openmp_threads_spin() is spin
+    assert decode_lanes.lane_count(cpu, rows=128, groups=16, shared_cache=True) == (1 if spin else 2)
+    assert decode_lanes.lane_count(cpu, rows=128, groups=16, shared_cache=False) == 2
+    assert decode_lanes.lane_count(cpu, rows=128, groups=16, requested=2, shared_cache=True) == 2
+
+
 def test_lanes_run_in_threads_of_one_torch_thread_without_grad(two_threads):
     barrier = threading.Barrier(2, timeout=10)  # both lanes must be running at once to pass it
 

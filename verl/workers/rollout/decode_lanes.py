@@ -1,14 +1,18 @@
 """Decode lanes: a CPU generation split into independent parts that run side by side, one core each.
 
-Owns `lane_count` (how many lanes a micro-batch gets), `split_into_lanes` (which rows go to which lane) and
+Owns `lane_count` (how many lanes a micro-batch gets, with `openmp_threads_spin`), `split_into_lanes` (which rows go to which lane) and
 `run_lanes` (the lanes' work on the process's lane threads, each with one torch intra-op thread).
 
 Why: a decode step of a small model is a few dozen small kernels. With two or more intra-op threads every kernel
-is an OpenMP region whose helper threads must be woken (under `OMP_WAIT_POLICY=PASSIVE` they sleep between kernels)
-or must spin (which costs several times over when another process wants the cores). Two lanes of one thread each
-never wake anyone: on the bench shape (16 prompts x 8 samples, 64 tokens, 2 cores) the generation took 1.03 s
-against 1.59-1.74 s on one micro-batch with two threads (benchmarks/README.md). torch releases the GIL inside every
-kernel, so the lanes' Python overlaps with the other lane's compute.
+is an OpenMP region whose helper threads must be woken when they sleep between kernels (`OMP_WAIT_POLICY=PASSIVE`,
+or `GOMP_SPINCOUNT=0`). Two lanes of one thread each never wake anyone: on the bench shape (16 prompts x 8
+samples, 64 tokens, 2 cores, shared-prompt cache) the generation took 0.78 s against 1.28 s in one lane of two
+threads. torch releases the GIL inside every kernel, so the lanes' Python overlaps with the other lane's compute.
+When the threads spin between kernels (libgomp's default, which CPU workers keep) a wake-up costs nothing and one
+lane on all threads pays the step's fixed Python cost once: with the shared-prompt cache one lane was faster at
+every shape measured (`benchmarks/bench_decode.py`, one process, 2 threads, 64 tokens: 0.52 vs 0.65 s at 16 x 4
+rows, 0.70 vs 0.77 at 16 x 8, 1.16 vs 1.20 at 16 x 16; 3.41 vs 3.62 s at 256 tokens), so that is the default
+there. With the per-row cache (a bigger attention per row) two lanes stay faster (0.91 vs 1.06 s at 16 x 8).
 
 A lane holds whole prompt groups (the `rollout.n` samples of a prompt stay together: they share one prefill), and
 lanes are balanced by row count. Each row's random draws come from the caller (one uniform per row and position),
@@ -35,13 +39,27 @@ T = TypeVar("T")
 MIN_ROWS_PER_LANE = 8
 
 
-def lane_count(device: torch.device, rows: int, groups: int, requested: int | None = None) -> int:
-    """Lanes for a micro-batch of `rows` rows in `groups` distinct prompts: `requested` when given, else on CPU one
-    per torch intra-op thread while each lane keeps `MIN_ROWS_PER_LANE` rows, and one on any other device (a GPU
-    kernel runs on the device, not on the calling thread). Never more than the number of prompt groups."""
+def openmp_threads_spin() -> bool:
+    """Whether this process's OpenMP threads spin a while between kernels (libgomp's default) rather than sleep at
+    once (`OMP_WAIT_POLICY=PASSIVE` or `GOMP_SPINCOUNT=0`), as the environment says (libgomp reads it at start)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return False
+    return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M")
+
+
+def lane_count(
+    device: torch.device, rows: int, groups: int, requested: int | None = None, shared_cache: bool = False
+) -> int:
+    """Lanes for a micro-batch of `rows` rows in `groups` distinct prompts: `requested` when given; else one on any
+    device but the CPU (a GPU kernel runs on the device, not on the calling thread), one on CPU when the decode
+    uses the shared-prompt cache (`shared_cache`) and the OpenMP threads spin between kernels, and otherwise one per
+    torch intra-op thread while each lane keeps `MIN_ROWS_PER_LANE` rows (see the module docstring). Never more
+    than the number of prompt groups."""
     if requested is None:
-        requested = torch.get_num_threads() if device.type == "cpu" else 1
-        requested = min(requested, rows // MIN_ROWS_PER_LANE)
+        if device.type != "cpu" or (shared_cache and openmp_threads_spin()):
+            requested = 1
+        else:
+            requested = min(torch.get_num_threads(), rows // MIN_ROWS_PER_LANE)
     return max(1, min(int(requested), groups))
 
 

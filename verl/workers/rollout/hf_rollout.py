@@ -18,8 +18,8 @@ models under sdpa the copies are not even made: the rows of a prompt decode agai
 keys and values (`shared_prefix.py`), so each decode step reads the prompt part of the cache once per prompt, not
 once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the model's arithmetic straight from its
 parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
-and cut their common left padding. On CPU a micro-batch decodes in lanes of whole prompt groups, one core each
-(`decode_lanes.py`). Every row's random draws (one uniform per position) are drawn up front from the call's seed, so
+and cut their common left padding. On CPU a micro-batch may decode in lanes of whole prompt groups, one core each
+(`decode_lanes.py` says when). Every row's random draws (one uniform per position) are drawn up front from the call's seed, so
 its samples do not depend on the micro-batch size or the number of lanes. Greedy decoding gives what `generate`
 gives.
 
@@ -89,7 +89,7 @@ class HFRollout(BaseRollout):
         self.weight_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
         self.cache_kwarg = cache_kwarg(module)  # the forward's name for its KV cache argument
         self._calls = 0
-        # decode lanes per micro-batch (decode_lanes.py): None = one per CPU intra-op thread (1 on a GPU)
+        # decode lanes per micro-batch (decode_lanes.py): None = the module's rule (threads, cache, OpenMP waiting)
         self.decode_lanes: int | None = None
         # decode steps without HF's module calls where the model allows it (lean_decode.py); False: HF's forward
         self.lean_decode = True
@@ -215,7 +215,7 @@ class HFRollout(BaseRollout):
         groups = prompt_groups(prompts.batch["input_ids"][rows], prompts.batch["attention_mask"][rows], 0)
         num_groups = int(groups.max()) + 1
         shared = num_groups < len(groups) and shared_prefix.applies_to(self.module.config)
-        lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes)
+        lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes, shared_cache=shared)
         lane_rows = decode_lanes.split_into_lanes(groups, lanes)
         parts = [rows[part] for part in lane_rows]
         prefill = [
