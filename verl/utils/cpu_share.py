@@ -1,7 +1,7 @@
 """How many torch threads a CPU worker's next call computes with: its CPU share, less the cores the machine's other
 processes kept busy during its last call.
 
-Owns `ThreadPolicy` (the pick), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
+Owns `ThreadPolicy` (the pick), `openmp_threads_spin` (how the OpenMP threads wait), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
 applies to every worker call) and `machine_busy_ticks` (the clock ticks the CPUs this process may run on spent
 busy, from /proc/stat).
 
@@ -31,8 +31,19 @@ from collections.abc import Iterator
 
 import torch
 
+# libgomp's variables for how an idle OpenMP thread waits (torch's OpenMP on Linux); a worker group passes the
+# driver's to its CPU workers (`single_controller.base.worker.cpu_worker_threading_env`)
+OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 MIN_WINDOW_S = 0.2  # a shorter window holds too few clock ticks (10 ms each) to tell
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def openmp_threads_spin() -> bool:
+    """Whether this process's OpenMP threads spin a while between kernels (libgomp's default) rather than sleep at
+    once (`OMP_WAIT_POLICY=PASSIVE` or `GOMP_SPINCOUNT=0`), as the environment says (libgomp reads it at start)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return False
+    return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M")
 
 
 def machine_busy_ticks(cpus: set[int]) -> int | None:

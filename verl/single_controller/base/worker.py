@@ -85,7 +85,7 @@ def cpu_worker_threading_env() -> dict[str, str]:
     setting before), and on a busy machine, where spinning threads wait for partners the other processes hold up,
     `cpu_share` computes with fewer threads."""
     env = {ADAPTIVE_THREADS_ENV: os.environ.get(ADAPTIVE_THREADS_ENV, "1")}
-    env.update({key: os.environ[key] for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if key in os.environ})
+    env.update({key: os.environ[key] for key in cpu_share.OPENMP_WAIT_ENV if key in os.environ})
     return env
 
 

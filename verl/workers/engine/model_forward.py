@@ -427,9 +427,9 @@ def _copy_prompt_rows(cache: Any, groups: torch.Tensor) -> None:
     bench shape, on CPU). Both give the same values and gradients."""
     num_groups = int(groups.max()) + 1
     n = groups.numel() // num_groups
-    order = torch.arange(num_groups, device=groups.device).repeat_interleave(n)
     layers = getattr(cache, "layers", None)  # transformers 5's cache layers; older caches keep the index
-    if layers is None or n * num_groups != groups.numel() or not torch.equal(groups, order):
+    in_order = layers is not None and n * num_groups == groups.numel()
+    if not (in_order and torch.equal(groups, torch.arange(num_groups, device=groups.device).repeat_interleave(n))):
         cache.batch_select_indices(groups)
         return
     for layer in layers:

@@ -1,6 +1,6 @@
 """Decode lanes: a CPU generation split into independent parts that run side by side, one core each.
 
-Owns `lane_count` (how many lanes a micro-batch gets, with `openmp_threads_spin`), `split_into_lanes` (which rows go to which lane) and
+Owns `lane_count` (how many lanes a micro-batch gets; whether the threads spin is `cpu_share.openmp_threads_spin`), `split_into_lanes` (which rows go to which lane) and
 `run_lanes` (the lanes' work on the process's lane threads, each with one torch intra-op thread).
 
 Why: a decode step of a small model is a few dozen small kernels. With two or more intra-op threads every kernel
@@ -18,7 +18,7 @@ A lane holds whole prompt groups (the `rollout.n` samples of a prompt stay toget
 lanes are balanced by row count. Each row's random draws come from the caller (one uniform per row and position),
 so the samples are the same whatever the number of lanes.
 
-Layer 5: imports torch only; must not import Ray.
+Layer 5: imports torch and verl.utils.cpu_share only; must not import Ray.
 """
 
 from __future__ import annotations
@@ -31,20 +31,14 @@ from typing import TypeVar
 
 import torch
 
+from verl.utils.cpu_share import openmp_threads_spin
+
 T = TypeVar("T")
 
 # Fewest rows a lane gets: each lane pays a fixed cost per decode step (a pass through the model's Python). On the
 # bench model two lanes of 8 rows were still faster than one of 16 (0.58-0.66 s against 0.74-0.82 s for 64 tokens,
 # one process, 2 threads); fewer rows per lane were not measured.
 MIN_ROWS_PER_LANE = 8
-
-
-def openmp_threads_spin() -> bool:
-    """Whether this process's OpenMP threads spin a while between kernels (libgomp's default) rather than sleep at
-    once (`OMP_WAIT_POLICY=PASSIVE` or `GOMP_SPINCOUNT=0`), as the environment says (libgomp reads it at start)."""
-    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
-        return False
-    return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M")
 
 
 def lane_count(

@@ -19,9 +19,9 @@ keys and values (`shared_prefix.py`), so each decode step reads the prompt part 
 once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the model's arithmetic straight from its
 parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
 and cut their common left padding. On CPU a micro-batch may decode in lanes of whole prompt groups, one core each
-(`decode_lanes.py` says when). Every row's random draws (one uniform per position) are drawn up front from the call's seed, so
-its samples do not depend on the micro-batch size or the number of lanes. Greedy decoding gives what `generate`
-gives.
+(`decode_lanes.py` says when). Every row's random draws (one uniform per position) are drawn up front from the
+call's seed, so its samples do not depend on the micro-batch size or the number of lanes. Greedy decoding gives
+what `generate` gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """

@@ -120,9 +120,8 @@ class LeanDecoder:
         self.norm = inner.norm.weight
         self.lm_head, self.lm_head_bias = model.lm_head.weight, model.lm_head.bias
         table = torch.arange(positions, device=self.embed.device)[None]
-        cos, sin = inner.rotary_emb(
-            self.embed[:1], table
-        )  # (1, positions, head_dim) in the weights' dtype, HF's values
+        # HF's own values, (1, positions, head_dim) in the weights' dtype
+        cos, sin = inner.rotary_emb(self.embed[:1], table)
         self.cos, self.sin = cos[0], sin[0]
         self.layers = [_layer(layer) for layer in inner.layers]
 
