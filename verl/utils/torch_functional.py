@@ -7,8 +7,9 @@ Layer 1 (see DESIGN.md): imports only torch; must not import Ray, models or any 
 Numerical conventions follow verl (see specs/core_algos.md).
 """
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -295,6 +296,20 @@ def group_first_rows(groups: torch.Tensor) -> torch.Tensor:
     rows = torch.arange(len(groups), device=groups.device)
     first = torch.full((int(groups.max()) + 1,), len(groups), dtype=torch.long, device=groups.device)
     return first.scatter_reduce(0, groups, rows, "amin")
+
+
+@contextlib.contextmanager
+def attention_implementation(module: torch.nn.Module, name: str | None) -> Iterator[None]:
+    """Within the block the HF model `module` attends through the registered attention `name` (None: its own);
+    its own implementation is back afterwards, also on an error."""
+    config = module.config
+    before = config._attn_implementation
+    if name is not None:
+        config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def cache_kwarg(module: torch.nn.Module) -> str:

@@ -18,7 +18,9 @@ log-probs or values and scatters them back (`scatter_to_responses`). Layouts:
   run that prompt once; the prompt's KV cache is copied to its rows and the responses run on it. Causal
   attention makes the prompt's states independent of the response, so this equals the full forward; autograd
   flows through the copies, so it serves the update pass too. Not with gradient checkpointing (HF drops the
-  cache there).
+  cache there). On CPU, for responses of `prompt_attention.MIN_RESPONSE_LENGTH` tokens or more with the rows in
+  prompt order, the prompt is not copied: the response call attends to each prompt's one copy and to its own
+  response in causal blocks (`prompt_attention.py`).
 
 The LM head (`head=HeadSpec(...)`): a causal LM's output layer over a real vocabulary (151,936 ids for Qwen2.5)
 makes (tokens x vocab) logits, 0.6 MB per token in float32, several times over with the softmax and its autograd
@@ -50,6 +52,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from verl.utils.torch_functional import (
+    attention_implementation,
     cache_kwarg,
     calculate_sum_pi_squared_from_logits,
     entropy_from_logits,
@@ -57,6 +60,9 @@ from verl.utils.torch_functional import (
     logprobs_from_logits,
     prompt_groups,
 )
+from verl.workers.engine.prompt_attention import ATTENTION_NAME as PROMPT_BLOCKS_ATTENTION
+from verl.workers.engine.prompt_attention import PromptCache
+from verl.workers.engine.prompt_attention import applies as prompt_blocks_apply
 
 __all__ = [
     "HEAD_CHUNK_ELEMENTS",
@@ -418,6 +424,16 @@ def packed_logits(
     return out.logits[0]
 
 
+def _group_size_in_order(groups: torch.Tensor) -> int | None:
+    """n when the rows are the prompts in order, n rows each (the order `prompt_group_order` makes), else None."""
+    num_groups = int(groups.max()) + 1
+    n = groups.numel() // num_groups
+    in_order = n * num_groups == groups.numel()
+    if in_order and torch.equal(groups, torch.arange(num_groups, device=groups.device).repeat_interleave(n)):
+        return n
+    return None
+
+
 def _copy_prompt_rows(cache: Any, groups: torch.Tensor) -> None:
     """Give every row (a differentiable copy of) its prompt's keys and values; `cache` holds one row per prompt.
 
@@ -425,13 +441,12 @@ def _copy_prompt_rows(cache: Any, groups: torch.Tensor) -> None:
     is a broadcast of each prompt over its n rows, whose backward sums the n copies' gradients; else, as
     `batch_select_indices`, an index, whose backward is a scatter-add (~2.5% slower per update micro-batch on the
     bench shape, on CPU). Both give the same values and gradients."""
-    num_groups = int(groups.max()) + 1
-    n = groups.numel() // num_groups
+    n = _group_size_in_order(groups)
     layers = getattr(cache, "layers", None)  # transformers 5's cache layers; older caches keep the index
-    in_order = layers is not None and n * num_groups == groups.numel()
-    if not (in_order and torch.equal(groups, torch.arange(num_groups, device=groups.device).repeat_interleave(n))):
+    if layers is None or n is None:
         cache.batch_select_indices(groups)
         return
+    num_groups = groups.numel() // n
     for layer in layers:
         for name in ("keys", "values"):
             states = getattr(layer, name, None)
@@ -450,7 +465,9 @@ def _shared_prompt(
     first_row = group_first_rows(groups)
     prompt_mask = mask[first_row, :prompt_len]
     first = _common_left_pad(prompt_mask)
-    cache = DynamicCache()
+    n = _group_size_in_order(groups)
+    blocked = n is not None and prompt_blocks_apply(module, response_length, mask[:, prompt_len:])
+    cache = PromptCache(module.config.num_hidden_layers) if blocked else DynamicCache()
     prompt_out = _call(
         module,
         is_lm,
@@ -462,21 +479,28 @@ def _shared_prompt(
         **{cache_kwarg(module): cache},
         use_cache=True,
     )[:, -1:]
-    _copy_prompt_rows(cache, groups)
+    extra = {}
+    if blocked:  # the prompts stay one copy each; the response call attends to them by prompt_attention
+        cache.start_responses(n, prompt_mask[:, first:])
+        extra["prompt_attention"] = cache
+    else:
+        _copy_prompt_rows(cache, groups)
     head_call = None
     if head is not None:
         head_call = _HeadCall(head, input_ids[:, prompt_len:], prefix=prompt_out[groups])
-    response_out = _call(
-        module,
-        is_lm,
-        0,
-        head_call,
-        input_ids=input_ids[:, prompt_len:],
-        attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
-        position_ids=pos[:, prompt_len:],
-        **{cache_kwarg(module): cache},
-        use_cache=True,
-    )
+    with attention_implementation(module, PROMPT_BLOCKS_ATTENTION if blocked else None):
+        response_out = _call(
+            module,
+            is_lm,
+            0,
+            head_call,
+            input_ids=input_ids[:, prompt_len:],
+            attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
+            position_ids=pos[:, prompt_len:],
+            **{cache_kwarg(module): cache},
+            use_cache=True,
+            **extra,
+        )
     out = response_out if head is not None else torch.cat([prompt_out[groups], response_out[:, :-1]], dim=1)
     where = torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
     return out.reshape(-1, out.shape[-1]), where

@@ -14,19 +14,20 @@ sdpa over the concatenated cache (float rounding aside, ~1e-7), with the prompt 
 Applies to decoder models with plain full attention under `sdpa` (`applies_to`); every other model keeps the
 rollout's preallocated per-row cache.
 
-Layer 5: imports torch and transformers; must not import Ray.
+Layer 5: imports torch, transformers and verl.utils.torch_functional; must not import Ray.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
+
+from verl.utils.torch_functional import attention_implementation
 
 ATTENTION_NAME = "verl_shared_prefix"
 
@@ -202,14 +203,7 @@ def attend(
 AttentionInterface.register(ATTENTION_NAME, _shared_prefix_attention)
 
 
-@contextlib.contextmanager
-def decode_attention(module: nn.Module) -> Iterator[None]:
+def decode_attention(module: nn.Module) -> contextlib.AbstractContextManager[None]:
     """Within the block, `module` attends through the shared-prefix attention (its forward must be called with
     `shared_prefix=<SharedPrefixCache>`); its own implementation is back afterwards, also on an error."""
-    config = module.config
-    before = config._attn_implementation
-    config._attn_implementation = ATTENTION_NAME
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+    return attention_implementation(module, ATTENTION_NAME)
