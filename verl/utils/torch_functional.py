@@ -298,6 +298,27 @@ def group_first_rows(groups: torch.Tensor) -> torch.Tensor:
     return first.scatter_reduce(0, groups, rows, "amin")
 
 
+# Model types whose attention is plain scaled dot-product over (optionally grouped) KV heads: no softcap, sinks,
+# sliding window or attention bias that verl's own attention functions (the rollout's shared-prefix decode, the
+# engine's prompt blocks) would have to reproduce.
+_PLAIN_ATTENTION_MODELS = frozenset({"qwen2", "qwen3", "llama"})
+# HF's sdpa, and the actor's packed-sequence sdpa (`verl.workers.engine.model_forward.VARLEN_SDPA`, HF's sdpa for
+# every unpacked call), which a model keeps once it has run a packed forward (`use_remove_padding`)
+SDPA_IMPLEMENTATIONS = frozenset({"sdpa", "verl_sdpa_varlen"})
+
+
+def plain_sdpa_attention(config) -> bool:
+    """Whether a model's attention is plain scaled dot-product: a plain-attention model type under sdpa
+    (`SDPA_IMPLEMENTATIONS`), every layer full attention (no sliding window in use)."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    return (
+        getattr(config, "model_type", None) in _PLAIN_ATTENTION_MODELS
+        and getattr(config, "_attn_implementation", None) in SDPA_IMPLEMENTATIONS
+        and all(kind == "full_attention" for kind in layer_types)
+        and not getattr(config, "use_sliding_window", False)
+    )
+
+
 @contextlib.contextmanager
 def attention_implementation(module: torch.nn.Module, name: str | None) -> Iterator[None]:
     """Within the block the HF model `module` attends through the registered attention `name` (None: its own);

@@ -22,7 +22,7 @@ and sdpa over it: forward + backward 0.74x at 512 response tokens (3.15 vs 4.27 
 64; the no-grad forward 0.91x at 512, 0.86x at 384, 0.98x at 256. So `applies` starts at `MIN_RESPONSE_LENGTH`.
 GPU runs keep HF's attention (flash-attention skips masked blocks itself).
 
-Layer 5 (the engine's forward): torch and transformers only, no Ray.
+Layer 5 (the engine's forward): torch, transformers and verl.utils.torch_functional; no Ray.
 """
 
 from __future__ import annotations
@@ -35,33 +35,27 @@ from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface
 
+from verl.utils.torch_functional import plain_sdpa_attention
+
 ATTENTION_NAME = "verl_prompt_blocks"
 MIN_RESPONSE_LENGTH = 384  # response tokens from which the two-part attention is faster (module docstring)
 BLOCK = 128  # response queries per block of the response part
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-_PLAIN_ATTENTION_MODELS = frozenset({"qwen2", "qwen3", "llama"})
 
 
 def applies(module: nn.Module, response_length: int, response_mask: torch.Tensor) -> bool:
     """Whether the shared-prompt forward of `module` runs its response call through this attention: on CPU, a
-    plain-attention model (Qwen2/Qwen3/Llama, every layer full attention, no dropout) under sdpa, responses of at
-    least `MIN_RESPONSE_LENGTH` tokens, no gradient checkpointing, each row's response mask ones then zeros (right padding only: the response
-    part's causal blocks do not mask keys)."""
+    plain-attention model under sdpa (`plain_sdpa_attention`) without attention dropout, responses of at least
+    `MIN_RESPONSE_LENGTH` tokens, no gradient checkpointing, each row's response mask ones then zeros (right padding
+    only: the response part's causal blocks do not mask keys)."""
     config = getattr(module, "config", None)
     if config is None or response_length < MIN_RESPONSE_LENGTH or response_mask.device.type != "cpu":
         return False
     if any(getattr(layer, "gradient_checkpointing", False) for layer in module.modules()):
         return False  # HF's per-layer flag: a recomputed layer would attend through sdpa, without the prompt cache
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    plain = (
-        getattr(config, "model_type", None) in _PLAIN_ATTENTION_MODELS
-        and config._attn_implementation in ("sdpa", "verl_sdpa_varlen")
-        and all(kind == "full_attention" for kind in layer_types)
-        and not getattr(config, "use_sliding_window", False)
-        and not getattr(config, "attention_dropout", 0.0)
-    )
+    plain = plain_sdpa_attention(config) and not getattr(config, "attention_dropout", 0.0)
     valid = response_mask.bool()
     return plain and torch.equal(valid, valid.cummin(dim=1).values)
 

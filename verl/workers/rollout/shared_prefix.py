@@ -27,33 +27,14 @@ from torch import nn
 from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
 
-from verl.utils.torch_functional import attention_implementation
+from verl.utils.torch_functional import attention_implementation, plain_sdpa_attention
 
 ATTENTION_NAME = "verl_shared_prefix"
-
-# Model types whose attention is plain scaled dot-product over (optionally grouped) KV heads: no softcap, sinks,
-# sliding window or attention bias the function below would have to reproduce.
-_PLAIN_ATTENTION_MODELS = frozenset({"qwen2", "qwen3", "llama"})
-# HF's sdpa, and the actor's packed-sequence sdpa (`model_forward.VARLEN_SDPA`, HF's sdpa for every unpacked call),
-# which a model keeps once it has run a packed forward (`use_remove_padding`)
-SDPA_IMPLEMENTATIONS = frozenset({"sdpa", "verl_sdpa_varlen"})
 
 
 def applies_to(config: Any) -> bool:
     """Whether a model with this config decodes through the shared-prefix attention: `plain_sdpa_attention`."""
     return plain_sdpa_attention(config)
-
-
-def plain_sdpa_attention(config: Any) -> bool:
-    """Whether a model's attention is plain scaled dot-product: a plain-attention model type under sdpa
-    (`SDPA_IMPLEMENTATIONS`), every layer full attention (no sliding window in use)."""
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    return (
-        getattr(config, "model_type", None) in _PLAIN_ATTENTION_MODELS
-        and getattr(config, "_attn_implementation", None) in SDPA_IMPLEMENTATIONS
-        and all(kind == "full_attention" for kind in layer_types)
-        and not getattr(config, "use_sliding_window", False)
-    )
 
 
 def write_in_place(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor):
