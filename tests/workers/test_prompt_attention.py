@@ -142,7 +142,7 @@ def test_applies_only_to_long_right_padded_responses_of_plain_sdpa_models_on_cpu
     holed = right_padded.clone()
     holed[1, 4] = 0  # a masked token inside a response: its key must stay masked for the later ones
     assert not prompt_attention.applies(model, 11, holed)
-    model.gradient_checkpointing_enable()
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()  # 5.17's name
     assert not prompt_attention.applies(model, 11, right_padded)
     eager = Qwen2ForCausalLM(Qwen2Config(**{**config().to_dict(), "attn_implementation": "eager"}))
     assert not prompt_attention.applies(eager, 11, right_padded)
@@ -157,3 +157,42 @@ def test_rows_out_of_group_order_keep_the_copied_prompt_cache(monkeypatch):
     assert not calls
     reference = model(**batch).logits[:, PROMPT_LEN - 1 : -1][where]
     torch.testing.assert_close(out, reference.detach(), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("micro_batch", [6, 2], ids=["one_micro_batch", "a_prompt_per_micro_batch"])
+def test_actor_update_equals_the_padded_update(micro_batch, monkeypatch):
+    """The PPO actor's update (KL loss to the reference, the log-probs of the two-part attention under autograd)
+    gives the parameters the padded forward's update gives."""
+    from tests.workers.test_model_forward import actor_config
+    from verl.protocol import DataProto
+    from verl.workers.actor import DataParallelPPOActor
+
+    def update(**overrides):
+        torch.manual_seed(4)
+        model = Qwen2ForCausalLM(config())
+        batch = make_batch(seed=4)
+        response_mask = batch["attention_mask"][:, PROMPT_LEN:]
+        gen = torch.Generator().manual_seed(6)
+        data = DataProto.from_dict(
+            tensors={
+                **batch,
+                "responses": batch["input_ids"][:, PROMPT_LEN:],
+                "response_mask": response_mask,
+                "old_log_probs": -3 + 0.1 * torch.randn(response_mask.shape, generator=gen),
+                "ref_log_prob": -3 + 0.1 * torch.randn(response_mask.shape, generator=gen),
+                "advantages": torch.randn(len(response_mask), 1, generator=gen) * response_mask,
+            },
+            meta_info={"temperature": 1.0},
+        )
+        settings = {"ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": micro_batch, **overrides}
+        actor = DataParallelPPOActor(actor_config(**settings), model, torch.optim.SGD(model.parameters(), lr=1.0))
+        metrics = actor.update_policy(data)
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, metrics
+
+    reference, reference_metrics = update()
+    calls = count_two_part_calls(monkeypatch)
+    params, metrics = update(share_prompt_prefix=True)
+    assert len(calls) == 2 * (6 // micro_batch)  # both layers of every micro-batch
+    assert max((params[k] - reference[k]).abs().max().item() for k in params) < 1e-5
+    assert metrics["actor/pg_loss"] == pytest.approx(reference_metrics["actor/pg_loss"], abs=1e-5)
+    assert metrics["actor/kl_loss"] == pytest.approx(reference_metrics["actor/kl_loss"], abs=1e-6)
