@@ -434,14 +434,13 @@ def _group_size_in_order(groups: torch.Tensor) -> int | None:
     return None
 
 
-def _copy_prompt_rows(cache: Any, groups: torch.Tensor) -> None:
+def _copy_prompt_rows(cache: Any, groups: torch.Tensor, n: int | None) -> None:
     """Give every row (a differentiable copy of) its prompt's keys and values; `cache` holds one row per prompt.
 
     When the rows are the prompts in order, n rows each (`prompt_group_order` makes that order), each layer's copy
     is a broadcast of each prompt over its n rows, whose backward sums the n copies' gradients; else, as
     `batch_select_indices`, an index, whose backward is a scatter-add (~2.5% slower per update micro-batch on the
-    bench shape, on CPU). Both give the same values and gradients."""
-    n = _group_size_in_order(groups)
+    bench shape, on CPU). Both give the same values and gradients. n: `_group_size_in_order(groups)`."""
     layers = getattr(cache, "layers", None)  # transformers 5's cache layers; older caches keep the index
     if layers is None or n is None:
         cache.batch_select_indices(groups)
@@ -484,7 +483,7 @@ def _shared_prompt(
         cache.start_responses(n, prompt_mask[:, first:])
         extra["prompt_attention"] = cache
     else:
-        _copy_prompt_rows(cache, groups)
+        _copy_prompt_rows(cache, groups, n)
     head_call = None
     if head is not None:
         head_call = _HeadCall(head, input_ids[:, prompt_len:], prefix=prompt_out[groups])

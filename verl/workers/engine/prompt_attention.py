@@ -73,8 +73,9 @@ class _PromptLayer(DynamicLayer):
 
 
 class PromptCache(Cache):
-    """The KV cache of one shared-prompt forward: prefill the distinct prompts into it (one row each), then run the
-    response call on it under `prompt_blocks(...)`, with `prompt_attention=cache` among the model's keywords."""
+    """The KV cache of one shared-prompt forward: prefill the distinct prompts into it (one row each), call
+    `start_responses`, then run the response call on it with the model switched to `ATTENTION_NAME`
+    (`torch_functional.attention_implementation`) and `prompt_attention=cache` among the model's keywords."""
 
     def __init__(self, num_layers: int):
         super().__init__(layers=[_PromptLayer() for _ in range(num_layers)])
@@ -146,7 +147,7 @@ class _TwoPartAttention(torch.autograd.Function):
         joined = joined.to(query.dtype)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(query, prompt_keys, prompt_values, keys, values, joined, lse)
-            ctx.cache, ctx.scale, ctx.blocks = cache, scale, blocks
+            ctx.cache, ctx.scale = cache, scale
         return joined
 
     @staticmethod
@@ -161,7 +162,7 @@ class _TwoPartAttention(torch.autograd.Function):
                                                    scale=scale)  # fmt: skip
         grad_q = _to_rows(grad_q, cache.group_size, per_kv, length)
         grad_k, grad_v = torch.zeros_like(keys), torch.zeros_like(values)
-        for start, end, mask in ctx.blocks:
+        for start, end, mask in cache.block_masks(length, per_kv, query.dtype, query.device):  # forward's, cached
             shape = (rows, kv_heads, per_kv * (end - start))
             part = [x[:, :, :, start:end].reshape(*shape, dim) for x in (grad, query, out)]
             gq, gk, gv = _FLASH_BACKWARD(part[0], part[1], keys[:, :, :end], values[:, :, :end], part[2],

@@ -16,7 +16,7 @@ Applies to Qwen2, Qwen3 and Llama causal LMs with SiLU MLPs, plain `nn.Linear` p
 layers), and a rotary embedding that depends on the position only (not `dynamic` or `longrope`); every other model
 keeps HF's forward.
 
-Layer 5: imports torch and verl.workers.rollout.shared_prefix; must not import Ray.
+Layer 5: imports torch, verl.utils.torch_functional and verl.workers.rollout.shared_prefix; must not import Ray.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl.utils.torch_functional import plain_sdpa_attention
 from verl.workers.rollout import shared_prefix
 
 _MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
@@ -43,12 +44,7 @@ def applies_to(model: nn.Module) -> bool:
     """Whether `LeanDecoder` can run `model`'s decode steps (see the module docstring)."""
     config = getattr(model, "config", None)
     inner = _decoder(model)
-    if (
-        config is None
-        or inner is None
-        or hasattr(model, "peft_config")
-        or not shared_prefix.plain_sdpa_attention(config)
-    ):
+    if config is None or inner is None or hasattr(model, "peft_config") or not plain_sdpa_attention(config):
         return False
     if getattr(config, "model_type", None) not in _MODEL_TYPES or getattr(config, "hidden_act", None) != "silu":
         return False
