@@ -12,7 +12,7 @@ from transformers import Qwen2ForCausalLM
 
 from tests.multirank import run_ranks
 from verl.models.tiny import random_qwen2
-from verl.utils.device import get_device_name, get_dist_backend, get_torch_device
+from verl.utils.device import get_device_name, get_dist_backend, get_torch_device, set_attention_backends
 from verl.utils.fsdp_utils import (
     apply_fsdp2,
     build_lr_scheduler,
@@ -64,6 +64,20 @@ def test_device_helpers_reject_unknown_names():
     with pytest.raises(ValueError, match="got 'npu'"):
         get_dist_backend("npu")
     assert get_torch_device("cuda") is torch.cuda
+
+
+def test_cuda_workers_turn_cudnn_attention_off_and_cpu_leaves_it():
+    # the flag is process-wide: put it back for the other tests
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        set_attention_backends("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        set_attention_backends("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
 
 
 # ---------------------------------------------------------------- process group and FSDP2 in one process

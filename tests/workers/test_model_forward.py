@@ -418,3 +418,43 @@ def test_actor_forward_in_vocab_chunks_equals_the_full_logits(layout, lora, monk
     ((got[0] + 0.3 * got[1]) * mask).sum().backward()
     torch.testing.assert_close(grads(model), expected_grads, atol=1e-5, rtol=1e-5)
     assert model.get_output_embeddings() is not None and "_HeadCall" not in str(type(model.get_output_embeddings()))
+
+
+def test_flash_varlen_applies_only_to_cuda_half_precision_without_dropout():
+    from verl.workers.engine.model_forward import _flash_varlen_applies
+
+    query = torch.zeros(1, 4, 5, 8)
+    assert not _flash_varlen_applies(query, 0.0)  # CPU: the per-sequence loop
+    assert not _flash_varlen_applies(query.bfloat16(), 0.0)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
+        assert _flash_varlen_applies(query.cuda().bfloat16(), 0.0)
+        assert not _flash_varlen_applies(query.cuda().bfloat16(), 0.1)  # dropout: the loop
+        assert not _flash_varlen_applies(query.cuda(), 0.0)  # float32: the loop
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_layout_on_cuda_runs_one_varlen_flash_call_per_layer_and_equals_a_full_forward(dtype, monkeypatch):
+    from verl.workers.engine import model_forward
+
+    calls = []
+    flash_varlen = model_forward._flash_varlen
+    monkeypatch.setattr(model_forward, "_flash_varlen", lambda *a: calls.append(1) or flash_varlen(*a))
+    batch = make_batch().batch.to("cuda")
+    mask = batch["response_mask"].double()
+    reference_model = make_model().to("cuda", torch.float64)
+    reference = full_forward_log_probs(reference_model, batch)
+    (reference * mask).sum().backward()
+    reference_grads = grads(reference_model)
+
+    model = make_model().to("cuda", dtype)
+    logits, where = response_outputs(model, batch, RESPONSE_LEN, is_lm=True, use_remove_padding=True)
+    assert len(calls) == qwen2_config().num_hidden_layers
+    log_probs = torch.log_softmax(logits.double(), dim=-1).gather(-1, batch["responses"][where].unsqueeze(-1))
+    log_probs = scatter_to_responses(log_probs.squeeze(-1), where)
+    # bf16 rounding moves these log-probs by ~1e-3; attention that is not causal moves them by 0.09
+    torch.testing.assert_close(log_probs * mask, reference.detach() * mask, atol=0.01, rtol=0)
+    (log_probs * mask).sum().backward()
+    error = (grads(model).double() - reference_grads).norm() / reference_grads.norm()
+    assert error < 0.05, f"relative gradient error {error:.3g}"

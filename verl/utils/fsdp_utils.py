@@ -33,7 +33,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from verl.utils.device import get_device_name, get_dist_backend
+from verl.utils.device import get_device_name, get_dist_backend, set_attention_backends
 from verl.utils.mixed_precision import resolve_mixed_precision
 
 __all__ = [
@@ -72,11 +72,13 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
 
     With env RANK and WORLD_SIZE set (torchrun, Ray workers) it joins that group through MASTER_ADDR/MASTER_PORT;
     without them it starts a single-process group on a free local port. If a group already exists, its rank and
-    size are returned unchanged. `backend` defaults to gloo on CPU, nccl when CUDA is available.
+    size are returned unchanged. `backend` defaults to gloo on CPU, nccl when CUDA is available. On CUDA it also
+    turns cuDNN attention off for the process (`device.set_attention_backends`: a plan per new shape is too slow).
     """
+    device_name = get_device_name("auto")
+    set_attention_backends(device_name)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    device_name = get_device_name("auto")
     backend = backend or get_dist_backend(device_name)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]

@@ -9,9 +9,10 @@ log-probs or values and scatters them back (`scatter_to_responses`). Layouts:
 - packed (`use_remove_padding`): the real tokens of all rows in one (1, nnz) row, each sequence's
   `position_ids` starting at 0, plus the sequence boundaries (`cu_seq_lens_q/k`, HF's varlen keywords).
   `flash_attention_2` (GPU) runs its varlen kernel on them. `sdpa` is switched, for this forward only, to
-  `verl_sdpa_varlen`: causal SDPA run sequence by sequence, so no compute goes to padding or to the
-  cross-sequence blocks a block-diagonal mask would still multiply (that mask costs O(nnz^2) per micro-batch,
-  several times a padded forward on CPU). `eager` gets transformers' block-diagonal mask built from the
+  `verl_sdpa_varlen`: on CUDA in half precision one call of torch's varlen flash kernel
+  (`torch.nn.attention.varlen`), elsewhere causal SDPA run sequence by sequence, so no compute goes to padding
+  or to the cross-sequence blocks a block-diagonal mask would still multiply (that mask costs O(nnz^2) per
+  micro-batch, several times a padded forward on CPU). `eager` gets transformers' block-diagonal mask built from the
   position-id restarts. Positions after a response's end (masked) are not computed; their outputs are left
   out of K.
 - shared prompt (`share_prompt_prefix`): rows whose prompts are identical (GRPO's n samples of one prompt)
@@ -39,6 +40,8 @@ Layer 5 (the engine's forward): torch and the model only, no Ray.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -321,14 +324,17 @@ def _varlen_sdpa_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal SDPA per packed sequence. query (1, heads, nnz, dim), key/value (1, kv_heads, nnz, dim); the
-    sequences are the spans of `cu_seq_lens_q`. Without it (a padded call) this is HF's sdpa attention.
+    """Causal attention within each packed sequence: one varlen flash call where `_flash_varlen_applies`, else SDPA
+    per sequence. query (1, heads, nnz, dim), key/value (1, kv_heads, nnz, dim); the sequences are the spans of
+    `cu_seq_lens_q`. Without it (a padded call) this is HF's sdpa attention.
     Returns (1, nnz, heads, dim), as HF's attention functions do."""
     bounds = kwargs.get("cu_seq_lens_q")
     if bounds is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
+    if _flash_varlen_applies(query, dropout if module.training else 0.0):
+        return _flash_varlen(query, key, value, bounds, kwargs.get("max_length_q"), scaling), None
     repeat = query.shape[1] // key.shape[1]  # grouped-query attention: share each kv head
     key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
     bounds = bounds.tolist()
@@ -344,6 +350,44 @@ def _varlen_sdpa_attention(
         for start, end in zip(bounds[:-1], bounds[1:])
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _flash_varlen_applies(query: torch.Tensor, dropout: float) -> bool:
+    """torch's flash-attention varlen kernel runs the packed call in one launch: on CUDA (compute capability 8+), in
+    half precision, without dropout, in a torch that has `torch.nn.attention.varlen`. The per-sequence loop
+    otherwise (CPU, float32): on CUDA that is one SDPA launch per sequence."""
+    if query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16) or dropout > 0:
+        return False
+    if torch.cuda.get_device_capability(query.device)[0] < 8:
+        return False
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+
+
+def _flash_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: torch.Tensor,
+    max_len: int | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal attention within each packed sequence in one varlen flash call. query (1, heads, nnz, dim),
+    key/value (1, kv_heads, nnz, dim), bounds (n + 1,) int32; returns (1, nnz, heads, dim)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    if max_len is None:
+        max_len = int((bounds[1:] - bounds[:-1]).max())
+    options = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in options else {"is_causal": True}  # torch 2.10: is_causal
+    if query.shape[1] != key.shape[1]:  # grouped-query attention
+        if "enable_gqa" in options:
+            causal["enable_gqa"] = True
+        else:
+            repeat = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (nnz, heads, dim)
+    out = varlen_attn(q, k, v, bounds, bounds, max_len, max_len, scale=scaling, **causal)
+    return out.unsqueeze(0)
 
 
 def _varlen_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
