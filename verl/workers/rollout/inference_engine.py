@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from verl.utils import fsdp_utils
-from verl.utils.device import get_device_name
+from verl.utils.device import get_device_name, set_attention_backends
 from verl.workers.lora import apply_lora
 from verl.workers.rollout.async_engine import AsyncRolloutEngine, batching_options
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -73,6 +73,7 @@ def build_inference_engine(
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     device_name = get_device_name(device)
+    set_attention_backends(device_name)  # no cuDNN attention on CUDA: a plan per new shape (verl.utils.device)
     module = fsdp_utils.load_causal_lm(model_path, dtype=str(cfg.dtype), attn_implementation="sdpa")
     if lora is not None and int(lora.get("lora_rank", 0) or 0) > 0:
         module = apply_lora(module, OmegaConf.create(dict(lora)))
