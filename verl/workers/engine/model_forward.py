@@ -40,7 +40,7 @@ Layer 5 (the engine's forward): torch and the model only, no Ray.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import functools
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -352,15 +352,24 @@ def _varlen_sdpa_attention(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
+@functools.cache
+def _varlen_kernel() -> tuple[Any, frozenset[str]] | None:
+    """torch's varlen flash attention (`torch.nn.attention.varlen.varlen_attn`, torch 2.10+) and its keyword names,
+    looked up once; None in a torch without it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def _flash_varlen_applies(query: torch.Tensor, dropout: float) -> bool:
     """torch's flash-attention varlen kernel runs the packed call in one launch: on CUDA (compute capability 8+), in
     half precision, without dropout, in a torch that has `torch.nn.attention.varlen`. The per-sequence loop
     otherwise (CPU, float32): on CUDA that is one SDPA launch per sequence."""
     if query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16) or dropout > 0:
         return False
-    if torch.cuda.get_device_capability(query.device)[0] < 8:
-        return False
-    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    return torch.cuda.get_device_capability(query.device)[0] >= 8 and _varlen_kernel() is not None
 
 
 def _flash_varlen(
@@ -373,11 +382,9 @@ def _flash_varlen(
 ) -> torch.Tensor:
     """Causal attention within each packed sequence in one varlen flash call. query (1, heads, nnz, dim),
     key/value (1, kv_heads, nnz, dim), bounds (n + 1,) int32; returns (1, nnz, heads, dim)."""
-    from torch.nn.attention.varlen import varlen_attn
-
+    varlen_attn, options = _varlen_kernel()
     if max_len is None:
         max_len = int((bounds[1:] - bounds[:-1]).max())
-    options = inspect.signature(varlen_attn).parameters
     causal = {"window_size": (-1, 0)} if "window_size" in options else {"is_causal": True}  # torch 2.10: is_causal
     if query.shape[1] != key.shape[1]:  # grouped-query attention
         if "enable_gqa" in options:
