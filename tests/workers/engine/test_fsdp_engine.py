@@ -242,3 +242,80 @@ def test_packed_loss_on_two_fsdp2_ranks_equals_one_process_on_all_rows():
         result = torch.load(os.path.join(out_dir, "result.pt"))
     assert result["stats"]["loss"] == pytest.approx(float(reference), abs=1e-6)
     assert max_diff(params(base), result["params"]) < 1e-6
+
+
+# ------------------------------------------------------------------------------ one rank: one gradient reduction
+def run_one_rank_accumulation(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """A one-rank FSDP2 engine's micro-batched backward, with FSDP2's reduction in the last micro-batch only (the
+    engine's rule on one rank) and with it in every micro-batch (the rule switched off): the gradients of each."""
+    import torch.distributed as dist
+
+    from verl.workers.engine.fsdp import transformer_impl
+
+    torch.set_num_threads(1)
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        config, data = ppo_config(), ppo_batch().batch
+        loss = functools.partial(ppo_loss, config)
+        grads, syncs = {}, []
+        for rule in ("once", "every"):
+            model = make_model(4)
+            shard_on_cpu(model)
+            engine = FSDPEngineWithLMHead.from_module(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            assert transformer_impl.reduces_grads_once(engine.module)
+            real = transformer_impl.reduces_grads_once
+            if rule == "every":
+                transformer_impl.reduces_grads_once = lambda module: False
+            calls = []  # the module's gradient sync setting at each micro-batch's backward
+            original_sync = type(model).set_requires_gradient_sync
+
+            def recording(self, on, *, _calls=calls, _original=original_sync, **kw):
+                _calls.append(on)
+                return _original(self, on, **kw)
+
+            type(model).set_requires_gradient_sync = recording
+            try:
+                batch = data.clone()
+                tu.assign_non_tensor(batch, temperature=0.9, micro_batch_size_per_gpu=2, calculate_entropy=True)
+                with engine.train_mode(zero_grad_on_exit=False):
+                    engine.forward_backward_batch(batch, loss)
+            finally:
+                transformer_impl.reduces_grads_once = real
+                type(model).set_requires_gradient_sync = original_sync
+            grads[rule] = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            syncs.append(calls)
+            if (
+                rule == "once"
+            ):  # a micro-batch whose loss raises: the reduction is on again for the model's next backward
+
+                def failing(model_output, data, dp_group):
+                    raise RuntimeError("loss failed")
+
+                model.zero_grad(set_to_none=True)
+                batch = data.clone()
+                tu.assign_non_tensor(batch, temperature=0.9, micro_batch_size_per_gpu=2)
+                with pytest.raises(RuntimeError, match="loss failed"), engine.train_mode(zero_grad_on_exit=False):
+                    engine.forward_backward_batch(batch, failing)
+                model(input_ids=data["input_ids"]).logits.sum().backward()  # a backward of the user's own
+                grads["after_failure"] = {n: p.grad is not None for n, p in model.named_parameters()}
+        torch.save({"grads": grads, "syncs": syncs}, os.path.join(out_dir, "result.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_fsdp2_reduces_gradients_once_per_mini_batch_with_the_same_sum():
+    """On one rank the engine turns FSDP2's gradient reduction off for all but the last micro-batch of a mini-batch
+    (3 here): the gradients are bit for bit those of reducing every micro-batch, the reduction is back on after
+    the batch, also after a micro-batch's loss raised (a plain backward then leaves every gradient reduced)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        run_ranks(run_one_rank_accumulation, 1, free_port(), out_dir)
+        result = torch.load(os.path.join(out_dir, "result.pt"))
+    grads = result["grads"]
+    assert result["syncs"][0] == [False, False, True, True]  # per micro-batch, then restored
+    assert result["syncs"][1] == []  # the rule switched off: FSDP2's own per-micro-batch reduction
+    assert grads["once"].keys() == grads["every"].keys()
+    for name in grads["once"]:
+        assert torch.equal(grads["once"][name], grads["every"][name]), name
+        assert grads["after_failure"][name], name  # with the reduction left off it would stay unreduced (None)
+    assert max(g.abs().max().item() for g in grads["once"].values()) > 0

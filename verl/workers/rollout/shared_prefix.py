@@ -20,6 +20,7 @@ Layer 5: imports torch, transformers and verl.utils.torch_functional; must not i
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import torch
@@ -104,10 +105,16 @@ class SharedPrefixCache(Cache):
         slots = torch.empty_like(groups)
         slots[order] = torch.arange(len(groups), device=groups.device) - starts[groups[order]]
         self._set_rows(groups * self.group_size + slots)
-        pad = ~prompt_mask.bool()
-        self.prefix_pad = pad[:, None, None, :] if pad.any() else None  # (prompts, 1, 1, P), applied packed
         for layer in self.layers:
             layer.start_decode(len(groups))
+        # the prompts' padding as an additive -inf bias of the packed scores, (prompts * kv_heads, 1, P): `attend`'s
+        # matmul adds it (baddbmm) instead of masking the scores in a pass of its own
+        pad = ~prompt_mask.bool()
+        self.prefix_bias = None
+        if pad.any():
+            kv_heads = self.layers[0].prefix_keys.shape[1]
+            bias = torch.zeros(pad.shape, dtype=self.layers[0].dtype, device=pad.device).masked_fill_(pad, -math.inf)
+            self.prefix_bias = bias.repeat_interleave(kv_heads, dim=0)[:, None, :]
 
     def _set_rows(self, places: torch.Tensor) -> None:
         """places: (rows,) each row's place in the (prompts * group_size) grid. When the rows fill the grid in its
@@ -172,9 +179,14 @@ def attend(
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
-    prefix_scores = torch.matmul(cache._pack(q), layer.prefix_keys_t)
-    if cache.prefix_pad is not None:  # once per prompt, before its scores are copied to its rows
-        prefix_scores.masked_fill_(cache.prefix_pad, float("-inf"))
+    packed = cache._pack(q)  # (prompts, kv_heads, group_size * per_kv, dim)
+    if cache.prefix_bias is None:
+        prefix_scores = torch.matmul(packed, layer.prefix_keys_t)
+    else:  # the padding masked once per prompt, before its scores are copied to its rows
+        prompts = packed.shape[0]
+        prefix_scores = torch.baddbmm(cache.prefix_bias, packed.flatten(0, 1), layer.prefix_keys_t.flatten(0, 1)).view(
+            prompts, kv_heads, -1, prompt_len
+        )
     scores = torch.cat([cache._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = cache._unpack(torch.matmul(cache._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv)
