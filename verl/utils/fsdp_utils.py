@@ -398,11 +398,7 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) 
 
 # ---------------------------------------------------------------- optimizer, schedule, clipping
 def build_optimizer(model_or_params: nn.Module | Iterable[torch.nn.Parameter], optim_cfg: Any) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, from an `optim` config (dict-like: lr, weight_decay, betas, eps).
-
-    Always torch's multi-tensor (`foreach`) implementation: torch picks it by itself for CUDA tensors (verl's case),
-    but for CPU tensors (and DTensors on CPU) its default is a Python loop over the parameters, 2.3x slower on the
-    CPU bench model (16.2 against 7.0 ms per step, benchmarks/README.md). Same update, same state."""
+    """AdamW over the trainable parameters, from an `optim` config (dict-like: lr, weight_decay, betas, eps)."""
     if isinstance(model_or_params, nn.Module):
         params = [p for p in model_or_params.parameters() if p.requires_grad]
     else:
@@ -418,7 +414,6 @@ def build_optimizer(model_or_params: nn.Module | Iterable[torch.nn.Parameter], o
         weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
         betas=betas,
         eps=float(optim_cfg.get("eps", 1e-8)),
-        foreach=True,
     )
 
 
