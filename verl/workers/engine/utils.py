@@ -68,9 +68,10 @@ def reduces_grads_once(module: nn.Module) -> bool:
     """Whether `module` is an FSDP2 module on a single rank: its gradients then need no reduction per micro-batch,
     and the engine turns FSDP2's off (`set_requires_gradient_sync(False)`) for all but a mini-batch's last one.
     FSDP2 keeps each micro-batch's gradients unsharded and sums them as they come, as it would sum the reduced ones:
-    the same sum in the same order, the same memory (on one rank the shard is the whole parameter), and it skips
-    per micro-batch the copies into a flat buffer and the sharded gradients' accumulation (DTensor ops per
-    parameter). On more ranks the reduction stays per micro-batch (keeping unsharded gradients would cost memory)."""
+    the same sum in the same order, and as many gradient bytes (on one rank the shard is the whole parameter), held
+    elsewhere in the heap (the CPU bench's peak RSS read +23 MB, benchmarks/README.md). It skips per micro-batch the
+    copies into a flat buffer and the sharded gradients' accumulation (DTensor ops per parameter): -2.7% of the
+    bench's step. On more ranks the reduction stays per micro-batch (unsharded gradients would cost memory)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule) and data_parallel_size() == 1
