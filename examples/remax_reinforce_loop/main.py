@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from transformers import AutoTokenizer
 
+from verl.utils.fsdp_utils import destroy_distributed
 from verl.utils.reward_score import default_compute_score
 from verl.utils.torch_functional import logprobs_from_logits as gather_logprobs
 from verl.workers.engine import FinetuneSpec, FSDPEngine, WeightUpdateMeta
@@ -160,7 +161,7 @@ def main(args):
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"before": before, "after": after, "steps": history, "world_size": world}, f)
-    dist.destroy_process_group()  # leaving with the group alive can abort a rank at exit (gloo's threads)
+    destroy_distributed()  # a barrier, then the group's end: a rank that left first could abort its peer (gloo)
 
 
 if __name__ == "__main__":
