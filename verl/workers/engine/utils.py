@@ -7,7 +7,6 @@ Owns the pieces the engines (`verl.workers.engine.fsdp`) and the PPO actor/criti
 - `global_batch_counts`: samples and loss tokens of a (mini-)batch summed over the data-parallel ranks, the
   denominators every loss is aggregated with (verl's `global_batch_size` / `batch_num_tokens`);
 - `clip_grad_and_step`: clip the global gradient norm, step, or skip a non-finite step;
-- `reduces_grads_once`: whether a mini-batch's gradient reduction can wait for its last micro-batch;
 - `mask_padding_rows` / `REAL_ROW_KEY`: the rows a dispatch padded train on nothing;
 - `data_parallel_size`, `module_device`, `all_reduce_sum`.
 
@@ -37,7 +36,6 @@ __all__ = [
     "mask_padding_rows",
     "micro_batch_plan",
     "module_device",
-    "reduces_grads_once",
     "restore_order",
     "split_micro_batches",
 ]
@@ -62,19 +60,6 @@ def data_parallel_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
-
-
-def reduces_grads_once(module: nn.Module) -> bool:
-    """Whether `module` is an FSDP2 module on a single rank: its gradients then need no reduction per micro-batch,
-    and the engine turns FSDP2's off (`set_requires_gradient_sync(False)`) for all but a mini-batch's last one.
-    FSDP2 keeps each micro-batch's gradients unsharded and sums them as they come, as it would sum the reduced ones:
-    the same sum in the same order, and as many gradient bytes (on one rank the shard is the whole parameter), held
-    elsewhere in the heap (the CPU bench's peak RSS read +23 MB, benchmarks/README.md). It skips per micro-batch the
-    copies into a flat buffer and the sharded gradients' accumulation (DTensor ops per parameter): -2.7% of the
-    bench's step. On more ranks the reduction stays per micro-batch (unsharded gradients would cost memory)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule) and data_parallel_size() == 1
 
 
 def module_device(module: nn.Module) -> torch.device:

@@ -56,7 +56,6 @@ from verl.workers.engine.utils import (
     global_batch_counts,
     micro_batch_plan,
     module_device,
-    reduces_grads_once,
     restore_order,
 )
 from verl.workers.lora import apply_lora, disabled_adapters, is_lora_module, lora_rank
@@ -332,20 +331,13 @@ class FSDPEngine(BaseEngine):
         micro_batches, order = micro_batch_plan(proto, size, dynamic, max_tokens, group_prompts=share)
         device = module_device(self.module)
         outputs = []
-        once = not forward_only and reduces_grads_once(self.module)
-        try:
-            for index, micro_batch in enumerate(micro_batches):
-                if once:  # one rank: FSDP2 reduces the summed gradients in the last micro-batch's backward only
-                    self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)
-                batch = micro_batch.batch.to(device)
-                tu.assign_non_tensor(batch, **settings)
-                loss, output = self.forward_step(batch, loss_function, forward_only)
-                if not forward_only:
-                    loss.backward()
-                outputs.append(output)
-        finally:
-            if once:
-                self.module.set_requires_gradient_sync(True)
+        for micro_batch in micro_batches:
+            batch = micro_batch.batch.to(device)
+            tu.assign_non_tensor(batch, **settings)
+            loss, output = self.forward_step(batch, loss_function, forward_only)
+            if not forward_only:
+                loss.backward()
+            outputs.append(output)
         model_output = {}
         for key in outputs[0]["model_output"] if outputs else ():
             model_output[key] = restore_order(torch.cat([o["model_output"][key] for o in outputs]), order)
