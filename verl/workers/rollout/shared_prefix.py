@@ -109,12 +109,10 @@ class SharedPrefixCache(Cache):
             layer.start_decode(len(groups))
         # the prompts' padding as an additive -inf bias of the packed scores, (prompts * kv_heads, 1, P): `attend`'s
         # matmul adds it (baddbmm) instead of masking the scores in a pass of its own
-        pad = ~prompt_mask.bool()
-        self.prefix_bias = None
-        if pad.any():
-            kv_heads = self.layers[0].prefix_keys.shape[1]
-            bias = torch.zeros(pad.shape, dtype=self.layers[0].dtype, device=pad.device).masked_fill_(pad, -math.inf)
-            self.prefix_bias = bias.repeat_interleave(kv_heads, dim=0)[:, None, :]
+        kv_heads = self.layers[0].prefix_keys.shape[1]
+        bias = torch.zeros(prompt_mask.shape, dtype=self.layers[0].dtype, device=prompt_mask.device)
+        bias.masked_fill_(~prompt_mask.bool(), -math.inf)
+        self.prefix_bias = bias.repeat_interleave(kv_heads, dim=0)[:, None, :]
 
     def _set_rows(self, places: torch.Tensor) -> None:
         """places: (rows,) each row's place in the (prompts * group_size) grid. When the rows fill the grid in its
@@ -180,13 +178,9 @@ def attend(
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
     prompt_len = layer.prefix_keys.shape[2]
     packed = cache._pack(q)  # (prompts, kv_heads, group_size * per_kv, dim)
-    if cache.prefix_bias is None:
-        prefix_scores = torch.matmul(packed, layer.prefix_keys_t)
-    else:  # the padding masked once per prompt, before its scores are copied to its rows
-        prompts = packed.shape[0]
-        prefix_scores = torch.baddbmm(cache.prefix_bias, packed.flatten(0, 1), layer.prefix_keys_t.flatten(0, 1)).view(
-            prompts, kv_heads, -1, prompt_len
-        )
+    # the padding masked once per prompt, before its scores are copied to its rows
+    prefix_scores = torch.baddbmm(cache.prefix_bias, packed.flatten(0, 1), layer.prefix_keys_t.flatten(0, 1))
+    prefix_scores = prefix_scores.view(*packed.shape[:3], prompt_len)
     scores = torch.cat([cache._unpack(prefix_scores, per_kv), torch.matmul(q, key.transpose(-1, -2))], dim=-1)
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = cache._unpack(torch.matmul(cache._pack(probs[..., :prompt_len]), layer.prefix_values), per_kv)
