@@ -103,6 +103,29 @@ def test_layout_log_probs_and_gradients_equal_a_full_forward(layout):
         assert torch.equal(where, previous_real)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["padded", "packed", "shared_prompt"])
+def test_cpu_attention_keeps_the_kv_heads_grouped(layout, monkeypatch):
+    """On CPU no layout copies a KV head to the query heads that share it (HF's sdpa does so whenever a mask is
+    given): every SDPA call of the forward and of the update's backward gets the model's 2 KV heads and
+    `enable_gqa`, the masked calls (padding, the prompt cache) included. Equal log-probs and gradients: the tests
+    above."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        calls.append(
+            (query.shape[1], key.shape[1], kwargs.get("enable_gqa", False), kwargs.get("attn_mask") is not None)
+        )
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model, batch = make_model(), make_batch().batch
+    logits, where = response_outputs(model, batch, RESPONSE_LEN, is_lm=True, **layout)
+    logits.sum().backward()
+    assert calls and all(c[:3] == (4, 2, True) for c in calls), calls
+    assert any(masked for *_, masked in calls) == (not layout.get("use_remove_padding"))
+
+
 @pytest.mark.parametrize("prompt_of, broadcast", [([0, 0, 1, 1, 2, 2, 3, 3], True), ([0, 0, 1, 1, 2, 2, 3, 4], False),
                                                  ([1, 1, 0, 0, 2, 2, 3, 3], True), ([0, 1, 0, 1, 2, 2, 3, 3], False)])  # fmt: skip
 def test_shared_prompt_copies_the_prompt_cache_by_broadcast_when_rows_are_in_group_order(prompt_of, broadcast):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from verl.workers.engine import prompt_attention
-from verl.workers.engine.model_forward import response_outputs, scatter_to_responses
+from verl.workers.engine.model_forward import VARLEN_SDPA, response_outputs, scatter_to_responses
 
 VOCAB, PROMPT_LEN, RESPONSE_LEN = 64, 7, 11
 PROMPT_LENS = [3, 7, 5]  # three prompts, left-padded to 7
@@ -75,7 +75,8 @@ def test_log_probs_and_gradients_equal_a_full_forward(monkeypatch):
     calls = count_two_part_calls(monkeypatch)
     out, where = response_outputs(model, batch, RESPONSE_LEN, is_lm=True, share_prompt_prefix=True)
     assert len(calls) == config().num_hidden_layers  # every layer's response call ran the two-part attention
-    assert model.config._attn_implementation == "sdpa"  # switched back after the call
+    # switched back after the call (to the actor's sdpa, which keeps CPU's grouped attention for the padded calls)
+    assert model.config._attn_implementation == VARLEN_SDPA
     log_probs = torch.log_softmax(out, -1).gather(-1, responses[where].unsqueeze(-1)).squeeze(-1)
     log_probs = scatter_to_responses(log_probs, where)
     torch.testing.assert_close(log_probs * mask, reference.detach() * mask, atol=2e-6, rtol=0)
