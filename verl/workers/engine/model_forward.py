@@ -432,15 +432,13 @@ AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa_attention)
 AttentionMaskInterface.register(VARLEN_SDPA, _varlen_sdpa_mask)
 
 
-@contextlib.contextmanager
-def _varlen_attention(module: nn.Module) -> Iterator[None]:
+def _use_varlen_sdpa(module: nn.Module) -> None:
     """Switch an `sdpa` model to `verl_sdpa_varlen` (other implementations are left alone). The switch stays: a
     backward pass recomputing a checkpointed layer (gradient checkpointing) must see the same attention as the
-    forward did, and `verl_sdpa_varlen` is HF's sdpa for every call without `cu_seq_lens_q`."""
+    forward did, and `verl_sdpa_varlen` computes what HF's sdpa does for every call without `cu_seq_lens_q`."""
     config = getattr(module, "config", None)
     if config is not None and config._attn_implementation == "sdpa":
         config._attn_implementation = VARLEN_SDPA
-    yield
 
 
 def _packed(
@@ -456,21 +454,20 @@ def _packed(
     bounds = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
     max_len = int(lengths.max())
     head_call = None if head is None else _HeadCall(head, batch["input_ids"][:, -response_length:][where].unsqueeze(0))
-    with _varlen_attention(module):
-        out = _call(
-            module,
-            is_lm,
-            keep,
-            head_call,
-            input_ids=batch["input_ids"][valid].unsqueeze(0),
-            position_ids=batch["position_ids"][valid].unsqueeze(0),
-            attention_mask=None,
-            use_cache=False,
-            cu_seq_lens_q=bounds,
-            cu_seq_lens_k=bounds,
-            max_length_q=max_len,
-            max_length_k=max_len,
-        )[0]
+    out = _call(
+        module,
+        is_lm,
+        keep,
+        head_call,
+        input_ids=batch["input_ids"][valid].unsqueeze(0),
+        position_ids=batch["position_ids"][valid].unsqueeze(0),
+        attention_mask=None,
+        use_cache=False,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=max_len,
+        max_length_k=max_len,
+    )[0]
     return (out if is_lm else out[keep]), where
 
 
@@ -485,17 +482,17 @@ def packed_logits(
     """
     bounds = cu_seqlens.to(device=input_ids.device, dtype=torch.int32)
     max_len = int((bounds[1:] - bounds[:-1]).max()) if bounds.numel() > 1 else 0
-    with _varlen_attention(module):
-        out = module(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=position_ids.unsqueeze(0),
-            attention_mask=None,
-            use_cache=False,
-            cu_seq_lens_q=bounds,
-            cu_seq_lens_k=bounds,
-            max_length_q=max_len,
-            max_length_k=max_len,
-        )
+    _use_varlen_sdpa(module)
+    out = module(
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=position_ids.unsqueeze(0),
+        attention_mask=None,
+        use_cache=False,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=max_len,
+        max_length_k=max_len,
+    )
     return out.logits[0]
 
 
@@ -603,10 +600,10 @@ def response_outputs(
     """
     if head is not None and not is_lm:
         raise ValueError("response_outputs(head=...) needs a causal LM (is_lm=True); a value model has no LM head")
-    with _varlen_attention(module):  # also for the padded calls: CPU's grouped attention (`_varlen_sdpa_attention`)
-        if share_prompt_prefix:
-            groups = prompt_groups(batch["input_ids"], batch["attention_mask"], response_length)
-            return _shared_prompt(module, batch, response_length, is_lm, groups, head)
-        if use_remove_padding:
-            return _packed(module, batch, response_length, is_lm, head)
-        return _padded(module, batch, response_length, is_lm, head)
+    _use_varlen_sdpa(module)  # every layout: its padded calls keep CPU's grouped attention (`_varlen_sdpa_attention`)
+    if share_prompt_prefix:
+        groups = prompt_groups(batch["input_ids"], batch["attention_mask"], response_length)
+        return _shared_prompt(module, batch, response_length, is_lm, groups, head)
+    if use_remove_padding:
+        return _packed(module, batch, response_length, is_lm, head)
+    return _padded(module, batch, response_length, is_lm, head)
