@@ -83,6 +83,12 @@ def test_rms_norm_function_against_autograd_of_the_formula_in_bfloat16_and_float
         assert torch.equal(out, ref)
         torch.testing.assert_close(dx, ref_dx, rtol=tol, atol=tol)
         torch.testing.assert_close(dw, ref_dw, rtol=tol, atol=tol)
+        # one gradient at a time: a frozen weight (LoRA), an input that needs none (the first layer's norm
+        # under a frozen embedding)
+        (dx_only,) = torch.autograd.grad(LeanRMSNorm.apply(x, w.detach(), 1e-6), (x,), dy)
+        (dw_only,) = torch.autograd.grad(LeanRMSNorm.apply(x.detach(), w, 1e-6), (w,), dy)
+        torch.testing.assert_close(dx_only, ref_dx, rtol=tol, atol=tol)
+        torch.testing.assert_close(dw_only, ref_dw, rtol=tol, atol=tol)
 
 
 def test_swiglu_function_against_autograd_of_the_formula_and_only_needed_gradients():

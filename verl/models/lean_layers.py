@@ -35,7 +35,10 @@ _SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})  # torch's and transformer
 
 class LeanRMSNorm(torch.autograd.Function):
     """y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), the statistics in float32 (HF's RMSNorm).
-    Saves x and 1/rms; backward: dx = r * (dn - n * mean(dn * n)) with n = x * r, dn = dy * weight."""
+    Saves x and 1/rms; backward: dx = r * (dn - n * mean(dn * n)) with n = x * r, dn = dy * weight, in float32.
+    The row statistic comes from the product the weight's gradient sums anyway: mean(dn * n) = (dy * n) @ weight /
+    hidden, so backward makes six passes over the activations where the formula as written makes nine (one update
+    micro-batch's norm, 2440 x 256: 0.74 against 1.1-1.5 ms)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,14 +50,16 @@ class LeanRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
-        normed = x.float() * rstd
+        normed, dyf = x.float() * rstd, dy.float()
+        dy_normed = dyf * normed
         dweight = None
         if ctx.needs_input_grad[1]:
-            dweight = (dy * normed.to(x.dtype)).reshape(-1, dy.shape[-1]).sum(0).to(weight.dtype)
+            dweight = dy_normed.reshape(-1, dy.shape[-1]).sum(0).to(weight.dtype)
         dx = None
         if ctx.needs_input_grad[0]:
-            dnormed = (dy * weight).float()
-            dx = (rstd * (dnormed - normed * (dnormed * normed).mean(-1, keepdim=True))).to(x.dtype)
+            wf = weight.float()
+            neg_coeff = (dy_normed @ wf).unsqueeze(-1).mul_(rstd / -dy.shape[-1])  # -r * mean(dn * n), per row
+            dx = torch.addcmul(normed.mul_(neg_coeff), dyf * wf, rstd).to(x.dtype)
         return dx, dweight, None
 
 
@@ -79,14 +84,15 @@ class LeanSwiGLU(torch.autograd.Function):
             dw_down = dy.reshape(-1, dy.shape[-1]).t().mm(hidden).to(w_down.dtype)
             del hidden
         dh = dy.matmul(w_down)  # (..., intermediate)
-        d_up = dh * silu_gate
-        del silu_gate
-        d_gate = torch.ops.aten.silu_backward(dh * up, gate)  # one fused pass: d silu(g)/dg
+        # in place where a buffer is not needed again (no new (tokens x intermediate) tensor to fill), and dx
+        # accumulated by the second matmul: one MLP backward of an update micro-batch 23.6 against 25.2 ms
+        d_up = silu_gate.mul_(dh).reshape(-1, up.shape[-1])
+        d_gate = torch.ops.aten.silu_backward(dh.mul_(up), gate).reshape(-1, up.shape[-1])  # d silu(g)/dg, fused
         del dh
         x2 = x.reshape(-1, x.shape[-1])
-        dw_gate = d_gate.reshape(-1, d_gate.shape[-1]).t().mm(x2).to(w_gate.dtype) if need_gate else None
-        dw_up = d_up.reshape(-1, d_up.shape[-1]).t().mm(x2).to(w_up.dtype) if need_up else None
-        dx = d_gate.matmul(w_gate) + d_up.matmul(w_up) if need_x else None
+        dw_gate = d_gate.t().mm(x2).to(w_gate.dtype) if need_gate else None
+        dw_up = d_up.t().mm(x2).to(w_up.dtype) if need_up else None
+        dx = d_gate.mm(w_gate).addmm_(d_up, w_up).view(x.shape) if need_x else None
         return dx, dw_gate, dw_up, dw_down
 
 
