@@ -377,7 +377,7 @@ def cores_left_to_workers(config: DictConfig) -> Iterator[None]:
     """While Ray workers compute on the CPU (trainer.single_process=false, device cpu), the driver computes with one
     torch thread, and gets its count back after. Its tensor work between the workers' calls (advantages, metrics) is
     small, but each bit of it leaves a second OpenMP thread spinning on for a few ms (OpenMP's default wait) on a core
-    a worker computes on: 0.46% of the machine's time on the bench (perf), about 1% of the Ray path's step in A/B
+    a worker computes on: 0.46% of the machine's time on the bench (perf), ~1.5% of the Ray path's step in A/B
     runs, inside the machine's noise (benchmarks/README.md). With the worker in this process, or on GPUs, nothing
     changes."""
     import torch
