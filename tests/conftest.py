@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: one Ray session for the whole run, one tiny Qwen2 model built locally.
+"""Shared pytest fixtures: one Ray session for the whole run, one tiny Qwen2 model built locally, torch at two
+threads for a test.
 
 Owned by the lead; put fixtures private to a test package in that package's own conftest.py.
 """
@@ -61,3 +62,12 @@ def own_process_group():
     yield
     if started and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def two_threads():
+    """torch at 2 intra-op threads for the test (the session runs at 1), its count back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

@@ -13,14 +13,6 @@ def _config(single_process: bool, device: str):
     return OmegaConf.create({"trainer": {"single_process": single_process}, "actor_rollout_ref": {"device": device}})
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_ray_cpu_workers_leave_the_driver_one_thread_then_restore_it(two_threads):
     with cores_left_to_workers(_config(single_process=False, device="cpu")):
         assert torch.get_num_threads() == 1

@@ -14,14 +14,6 @@ from verl.workers.rollout import decode_lanes, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_split_keeps_prompt_groups_whole_and_balances_rows():
     # group sizes 3, 1, 2, 1: group 0 -> lane 0, group 2 -> lane 1, group 1 -> lane 1 (2 < 3 rows), group 3 -> lane 0
     groups = torch.tensor([0, 0, 0, 1, 2, 2, 3])

@@ -441,6 +441,19 @@ def _use_varlen_sdpa(module: nn.Module) -> None:
         config._attn_implementation = VARLEN_SDPA
 
 
+def _packed_kwargs(bounds: torch.Tensor, max_len: int) -> dict[str, Any]:
+    """The model's keyword arguments for one packed row: no mask, no cache, the sequences' boundaries and longest
+    length (what `verl_sdpa_varlen` and flash-attention's varlen path read)."""
+    return {
+        "attention_mask": None,
+        "use_cache": False,
+        "cu_seq_lens_q": bounds,
+        "cu_seq_lens_k": bounds,
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+    }
+
+
 def _packed(
     module: nn.Module, batch: Any, response_length: int, is_lm: bool, head: HeadSpec | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,12 +474,7 @@ def _packed(
         head_call,
         input_ids=batch["input_ids"][valid].unsqueeze(0),
         position_ids=batch["position_ids"][valid].unsqueeze(0),
-        attention_mask=None,
-        use_cache=False,
-        cu_seq_lens_q=bounds,
-        cu_seq_lens_k=bounds,
-        max_length_q=max_len,
-        max_length_k=max_len,
+        **_packed_kwargs(bounds, max_len),
     )[0]
     return (out if is_lm else out[keep]), where
 
@@ -484,14 +492,7 @@ def packed_logits(
     max_len = int((bounds[1:] - bounds[:-1]).max()) if bounds.numel() > 1 else 0
     _use_varlen_sdpa(module)
     out = module(
-        input_ids=input_ids.unsqueeze(0),
-        position_ids=position_ids.unsqueeze(0),
-        attention_mask=None,
-        use_cache=False,
-        cu_seq_lens_q=bounds,
-        cu_seq_lens_k=bounds,
-        max_length_q=max_len,
-        max_length_k=max_len,
+        input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0), **_packed_kwargs(bounds, max_len)
     )
     return out.logits[0]
 
