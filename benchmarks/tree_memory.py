@@ -49,6 +49,22 @@ def process_name(cmd: str) -> str:
     return os.path.basename(words[0]) if words else "?"
 
 
+def identity(is_root: bool, cmd: str, seen: tuple[str, str]) -> tuple[str, str]:
+    """(kind, name) of a process whose command line now reads `cmd`, given the (kind, name) it was last given
+    (`("", "")` or a kind with an empty name when first seen).
+
+    The name follows the command line while it changes: a daemon caught between fork and exec still shows the
+    driver's command line, and a Ray worker starts as `python default_worker.py`, becomes `ray::IDLE`, then an
+    actor. Two things are kept: an actor stays a worker (kind "workers", its class name) for good, and a command
+    line that has emptied (the process is exiting) changes nothing."""
+    if not cmd:
+        return seen
+    kind = process_kind(is_root, cmd)
+    if seen[0] == "workers" and kind != "workers" and seen[1]:
+        return seen
+    return kind, ("driver" if kind == "driver" else process_name(cmd))
+
+
 class TreeMemory:
     """Samples the RSS of a process and all its descendants every `interval` s, and their PSS every
     `pss_every`-th sample; keeps the peaks.
@@ -94,10 +110,7 @@ class TreeMemory:
                 continue
             kind = process_kind(proc.pid == self.pid, cmd)
             seen_kind, name, peak = self.peak_by_process.get(proc.pid, (kind, "", 0.0))
-            # a command line empties as the process exits; a Ray worker starts as `python default_worker.py`,
-            # then ray::IDLE, and becomes an actor (kind "workers" from then on)
-            if cmd and (not name or name == "ray::IDLE" or kind == "workers"):
-                name, seen_kind = ("driver" if kind == "driver" else process_name(cmd)), kind
+            seen_kind, name = identity(proc.pid == self.pid, cmd, (seen_kind, name))
             self.peak_by_process[proc.pid] = (seen_kind, name, peak)
             self._procs.append(proc)
             self._kinds[proc.pid] = kind
