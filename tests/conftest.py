@@ -52,6 +52,20 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def process_group():
+    """A world-size-1 gloo group for this module (`init_distributed("gloo")`'s (rank, world size)); torn down
+    afterwards unless someone else had started one."""
+    import torch.distributed as dist
+
+    from verl.utils.fsdp_utils import init_distributed
+
+    created = not dist.is_initialized()
+    yield init_distributed("gloo")
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
 def own_process_group():
     """For modules whose tests `initialize()` an engine here (a one-process torch.distributed group in this
     process): end the group after the module, so that later tests that start a group of their own in this process

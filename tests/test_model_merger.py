@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from tests.multirank import run_ranks
@@ -70,14 +69,6 @@ def assert_same_weights(merged: torch.nn.Module, want: dict[str, torch.Tensor]) 
     assert set(got) == set(want)
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    created = not dist.is_initialized()
-    yield init_distributed("gloo")
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- merge_shards against hand-made shards

@@ -107,15 +107,6 @@ def save_perturb_load_check(ckpt_dir: str) -> None:
     assert_snapshots_equal(snapshot(model, optimizer, scheduler), after_one_more_step)
 
 
-@pytest.fixture(scope="module")
-def process_group():
-    """A world-size-1 gloo group for this module; torn down afterwards unless someone else had started one."""
-    created = not dist.is_initialized()
-    yield init_distributed("gloo")
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_save_writes_per_rank_files_and_no_temporaries(tmp_path, process_group):
     model, optimizer, scheduler = build_training()
     FSDPCheckpointManager(model, optimizer, scheduler).save_checkpoint(str(tmp_path / "ckpt"), global_step=3)

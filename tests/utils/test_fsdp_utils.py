@@ -39,15 +39,6 @@ def batch_ids(bs: int = 4, seq_len: int = 10) -> torch.Tensor:
     return torch.randint(0, 100, (bs, seq_len), generator=torch.Generator().manual_seed(123))
 
 
-@pytest.fixture(scope="module")
-def process_group():
-    """A world-size-1 gloo group for this module; torn down afterwards unless someone else had started one."""
-    created = not dist.is_initialized()
-    yield init_distributed("gloo")
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 # ---------------------------------------------------------------- device helpers
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 def test_device_name_without_gpu():

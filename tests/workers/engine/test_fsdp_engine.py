@@ -119,6 +119,66 @@ def test_infer_batch_returns_rows_in_input_order_whatever_the_micro_batches():
         engine.infer_batch(batch)
 
 
+def test_infer_batch_on_one_fsdp2_rank_gathers_once_and_gives_the_same_outputs(process_group, monkeypatch):
+    """One rank: the forward-only pass gathers each FSDP2 unit once for all its micro-batches (not once per
+    micro-batch), gives the same log-probs as FSDP2's own per-forward gathering (to the bit) and as the unsharded
+    model, and leaves the module sharded, with FSDP2's hooks working: a training step after it equals one without."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.fsdp_utils import apply_fsdp2
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.engine.utils import one_rank_fsdp2
+
+    base = make_model(6)
+    plain = FSDPEngineWithLMHead.from_module(copy.deepcopy(base))
+    engines = [
+        FSDPEngineWithLMHead.from_module(
+            m, torch.optim.SGD(m.parameters(), lr=0.1), optimizer_config={"clip_grad": 1e9}
+        )
+        for m in (apply_fsdp2(copy.deepcopy(base)), apply_fsdp2(copy.deepcopy(base)))
+    ]
+    assert one_rank_fsdp2(engines[0].module) and not one_rank_fsdp2(plain.module)
+    units = sum(1 for m in engines[0].module.modules() if hasattr(m, "unshard"))
+    gathers = []
+    real_unshard = FSDPParamGroup.unshard
+
+    def counted(group, *args, **kwargs):
+        gathers.append(group._all_gather_result is None and not group.is_unsharded)
+        return real_unshard(group, *args, **kwargs)
+
+    monkeypatch.setattr(FSDPParamGroup, "unshard", counted)
+
+    def log_probs(engine):
+        batch = ppo_batch().batch
+        tu.assign_non_tensor(batch, temperature=0.9, micro_batch_size_per_gpu=2, calculate_entropy=True)
+        with engine.eval_mode():
+            return engine.infer_batch(batch)["model_output"]
+
+    want = log_probs(plain)
+    gathers.clear()
+    got = log_probs(engines[0])
+    assert sum(gathers) == units  # 3 micro-batches, each unit gathered once
+    assert all(isinstance(p, DTensor) for p in engines[0].module.parameters())  # resharded after
+    with monkeypatch.context() as m:
+        m.setattr(transformer_impl, "one_rank_fsdp2", lambda module: False)
+        gathers.clear()
+        per_forward = log_probs(engines[1])
+        assert sum(gathers) == 3 * units
+    for key in ("log_probs", "entropy"):
+        assert torch.equal(got[key], per_forward[key])
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=0)
+
+    config = OmegaConf.create(OmegaConf.to_container(ppo_config()))
+    for engine in engines:  # engines[1] never took the one-gather path
+        batch = ppo_batch().batch
+        tu.assign_non_tensor(batch, temperature=0.9, micro_batch_size_per_gpu=2, calculate_entropy=True)
+        with engine.train_mode():
+            engine.train_batch(batch, functools.partial(ppo_loss, config))
+    trained = [{n: p.full_tensor() for n, p in e.module.named_parameters()} for e in engines]
+    assert max_diff(trained[0], trained[1]) == 0.0 and max_diff(params(base), trained[0]) > 1e-4
+
+
 # ------------------------------------------------------------------------------------------ AReaL-lite's path
 LENGTHS = [7, 3, 9, 5, 6]  # sequence lengths; the first 3 tokens of each are the prompt (loss mask 0)
 

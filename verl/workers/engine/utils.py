@@ -8,7 +8,7 @@ Owns the pieces the engines (`verl.workers.engine.fsdp`) and the PPO actor/criti
   denominators every loss is aggregated with (verl's `global_batch_size` / `batch_num_tokens`);
 - `clip_grad_and_step`: clip the global gradient norm, step, or skip a non-finite step;
 - `mask_padding_rows` / `REAL_ROW_KEY`: the rows a dispatch padded train on nothing;
-- `data_parallel_size`, `module_device`, `all_reduce_sum`.
+- `data_parallel_size`, `module_device`, `all_reduce_sum`, `one_rank_fsdp2`.
 
 Layer 5 (DESIGN.md): torch, verl.protocol and layer-1 helpers; no Ray, no trainer code.
 """
@@ -36,6 +36,7 @@ __all__ = [
     "mask_padding_rows",
     "micro_batch_plan",
     "module_device",
+    "one_rank_fsdp2",
     "restore_order",
     "split_micro_batches",
 ]
@@ -67,6 +68,21 @@ def module_device(module: nn.Module) -> torch.device:
     for param in module.parameters():
         return param.device
     return torch.device("cpu")
+
+
+def one_rank_fsdp2(module: nn.Module) -> bool:
+    """Whether `module` is FSDP2-sharded over a single rank with its parameters on the compute device (not
+    CPU-offloaded): there gathering every unit at once costs one copy of the weights and no collective."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(module, FSDPModule):
+        return False
+    param = next(module.parameters(), None)
+    if not isinstance(param, DTensor):
+        return False
+    mesh = param.device_mesh
+    return mesh.size() == 1 and param.to_local().device.type == mesh.device_type
 
 
 def _collective_device() -> str:
