@@ -93,23 +93,33 @@ class PhaseProbe:
         self.steps: list[dict[str, dict[str, float]]] = []
         self._current: dict[str, dict[str, float]] = {}
         self._worker: psutil.Process | None = None
+        self._tree: list[psutil.Process] | None = None
         self.compute_info: dict | None = None
 
-    def compute_process(self) -> psutil.Process:
-        """The Ray worker once it exists (looked up once), else this process (single-process mode)."""
+    def _refresh_tree(self) -> list[psutil.Process]:
+        """The process tree, listed once per step: listing it walks every process of the machine (/proc/*/stat),
+        ~1 ms here, and each phase takes two snapshots, on the path being measured (in one process, inside the
+        step; with Ray, between the driver's calls). The Ray worker is looked up in it until found."""
+        self._tree = [self.root] + self.root.children(recursive=True)
         if self._worker is None:
-            for proc in self.root.children(recursive=True):
+            for proc in self._tree[1:]:
                 try:
                     if _is_compute_worker(" ".join(proc.cmdline())):
                         self._worker = proc
                         break
                 except psutil.Error:
                     continue
+        return self._tree
+
+    def compute_process(self) -> psutil.Process:
+        """The Ray worker once it exists, else this process (single-process mode)."""
+        if self._tree is None:
+            self._refresh_tree()
         return self._worker or self.root
 
     def _snapshot(self) -> dict[str, float]:
         compute = self.compute_process()
-        tree = [self.root] + self.root.children(recursive=True)
+        tree = self._tree
         tree_cpu = sum(cpu_seconds(p) for p in tree)
         compute_cpu = cpu_seconds(compute)
         root_cpu = cpu_seconds(self.root)
@@ -169,16 +179,18 @@ class PhaseProbe:
 
     def end_step(self) -> None:
         """Close the current step's record (called once per step, after its last phase), with the CPU seconds
-        each process of the tree has used so far (`cpu_by_process`, by short name: driver, worker, daemons)."""
+        each process of the tree has used so far (`cpu_by_process`, by short name: driver, worker, daemons); the
+        tree is listed again for the next step."""
+        self._refresh_tree()
         if self._current:
             self._current["cpu_by_process"] = self.cpu_by_process()
             self.steps.append(self._current)
         self._current = {}
 
     def cpu_by_process(self) -> dict[str, float]:
-        """Cumulative CPU seconds of every process of the tree, summed by short name."""
+        """Cumulative CPU seconds of every process of the tree (as last listed), summed by short name."""
         out: dict[str, float] = {}
-        for proc in [self.root] + self.root.children(recursive=True):
+        for proc in self._tree if self._tree is not None else self._refresh_tree():
             try:
                 cmd = proc.cmdline()
             except psutil.Error:

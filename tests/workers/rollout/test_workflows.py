@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.envs.tools import ToolRegistry
 from verl.protocol import DataProto
-from verl.workers.rollout.async_engine import AsyncRolloutEngine, batching_options
+from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelRequest, batching_options
 from verl.workers.rollout.hf_rollout import HFRollout
 from verl.workers.rollout.workflows import (
     RolloutWorkflow,
@@ -68,6 +68,50 @@ def test_rlvr_gives_exactly_the_engine_output(make_rollout, make_prompts, make_c
     assert via.meta_info == direct.meta_info == {}
     _, engine = run(rollout, make_prompts(TEXTS * 2, validate=validate), build_workflow(rollout.config, tokenizer))
     assert (engine.num_generate_calls, engine.num_requests) == (1, 8)
+
+
+class RLVRRowByRow(RLVRWorkflow):
+    """The same episode, overridden: `run_batch` then leaves the rows to `arun_episode`, one coroutine each."""
+
+    async def arun_episode(self, engine, data):
+        return await super().arun_episode(engine, data)
+
+
+@pytest.mark.parametrize("log_probs", [True, False])
+def test_rlvr_in_one_go_equals_its_episodes_row_by_row(make_rollout, make_prompts, tokenizer, monkeypatch, log_probs):
+    from verl.workers.rollout.workflows import base
+
+    episodes = []
+    original_of = base.EpisodeRow.of
+    monkeypatch.setattr(base.EpisodeRow, "of", lambda row: episodes.append(1) or original_of(row))
+    rollout = make_rollout(calculate_log_probs=log_probs, response_length=10)
+    texts = TEXTS * 3  # prompts of different lengths, each 3 times
+    at_once, engine = run(rollout, make_prompts(texts, seed=7), RLVRWorkflow(rollout.config, tokenizer))
+    assert not episodes and (engine.num_generate_calls, engine.num_requests) == (1, 12)  # no per-row episode ran
+    row_by_row, engine = run(rollout, make_prompts(texts, seed=7), RLVRRowByRow(rollout.config, tokenizer))
+    assert len(episodes) == 12 and (engine.num_generate_calls, engine.num_requests) == (1, 12)
+    assert set(at_once.batch.keys()) == set(row_by_row.batch.keys())
+    for key in row_by_row.batch.keys():
+        assert torch.equal(at_once.batch[key], row_by_row.batch[key]), key
+    assert at_once.batch["response_mask"].sum() > 12  # real responses, not placeholders
+    assert list(at_once.non_tensor_batch["uid"]) == list(row_by_row.non_tensor_batch["uid"])
+    assert at_once.meta_info == row_by_row.meta_info == {}
+
+
+def test_rlvr_rows_that_need_several_calls_run_row_by_row(make_rollout, make_prompts, tokenizer):
+    """A batch cap below the rows (or a concurrency cap) splits the episodes over calls, each with its own seed:
+    the rows are then the episodes', not one call's."""
+    rollout = make_rollout(response_length=4, agenerate_max_batch_size=5)
+    out, engine = run(rollout, make_prompts(TEXTS * 3, seed=7), RLVRWorkflow(rollout.config, tokenizer))
+    assert len(out) == 12 and engine.num_generate_calls == 3
+    requests = [ModelRequest(input_ids=encode(tokenizer, t), gconfig=engine.default_gconfig()) for t in TEXTS * 3]
+    with pytest.raises(ValueError, match="12 requests do not fit one call"):
+        engine.generate_all(requests)
+    with pytest.raises(ValueError, match="one sampling"):
+        engine.generate_all([requests[0], ModelRequest(input_ids=[5], gconfig=requests[0].gconfig.new(greedy=True))])
+    rollout = make_rollout(response_length=4)
+    out, engine = run(rollout, make_prompts(TEXTS * 3, seed=7), RLVRWorkflow(rollout.config, tokenizer), 6)
+    assert len(out) == 12 and engine.num_generate_calls >= 2
 
 
 def test_registry_names_and_dotted_paths(make_config, tokenizer):

@@ -219,6 +219,24 @@ class AsyncRolloutEngine:
             self._flusher = asyncio.ensure_future(self._flush_loop())
         return await future
 
+    def takes_all_at_once(self, num_requests: int) -> bool:
+        """Whether `num_requests` requests of one sampling, made together now, would go into one generate call:
+        nothing else is waiting and the batch cap (`max_batch_size`) holds them all."""
+        return not self._pending and (self.max_batch_size is None or num_requests <= self.max_batch_size)
+
+    def generate_all(self, requests: list[ModelRequest]) -> list[ModelResponse]:
+        """One generate call for `requests` (one sampling, at most `max_batch_size`), now: what concurrent
+        `agenerate` calls of them give (`RolloutWorkflow.run_batch` uses it), without the batching window."""
+        for req in requests:
+            self._check_request(req)
+        if len({req.gconfig.sampling_key() for req in requests}) > 1:
+            raise ValueError("generate_all takes requests of one sampling (gconfig); use agenerate for mixed ones")
+        if not self.takes_all_at_once(len(requests)):
+            raise ValueError(f"generate_all: {len(requests)} requests do not fit one call (max_batch_size "
+                             f"{self.max_batch_size}, {len(self._pending)} agenerate requests waiting)")  # fmt: skip
+        self.num_requests += len(requests)
+        return self._generate(requests)
+
     def _check_request(self, req: ModelRequest) -> None:
         g = req.gconfig
         if g.n_samples != 1:

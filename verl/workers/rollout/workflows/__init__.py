@@ -23,6 +23,7 @@ from verl.workers.rollout.workflows.base import (
     prompt_ids_of,
     rollout_batch,
     single_turn_row,
+    single_turn_rows,
     trajectory_row,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "register_workflow",
     "rollout_batch",
     "single_turn_row",
+    "single_turn_rows",
     "trajectory_row",
 ]
 

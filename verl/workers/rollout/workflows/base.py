@@ -10,8 +10,11 @@ Owns the workflow contract and everything around one call on a rank's chunk of t
 - `rollout_batch(rollout, data, workflow)`: every row's episode runs concurrently on an
   `AsyncRolloutEngine` over the rank's engine (at most `max_concurrent` at once), so their requests are
   batched into few generate calls; the result has one row per input row, in order, with a bool tensor
-  `rollout_accepted` (a rejected row is a placeholder with an empty response, dropped by the trainer);
-- the row builders: `single_turn_row` (exactly the fields the engine's `generate_sequences` gives) and
+  `rollout_accepted` (a rejected row is a placeholder with an empty response, dropped by the trainer). A
+  workflow whose rows can be built in one go (`RolloutWorkflow.run_batch`: `rlvr`'s one request per row) skips
+  the per-row coroutines when all rows would share one generate call anyway, with the same result;
+- the row builders: `single_turn_row` / `single_turn_rows` (exactly the fields the engine's `generate_sequences`
+  gives) and
   `trajectory_row` (a multi-turn response whose `response_mask` is the loss mask: 0 on tool/observation
   tokens, which stay attended in `attention_mask`);
 - `drop_rejected_rows`, the trainer's rule for rejected samples (see its docstring).
@@ -53,6 +56,7 @@ __all__ = [
     "prompt_ids_of",
     "rollout_batch",
     "single_turn_row",
+    "single_turn_rows",
     "trajectory_row",
 ]
 
@@ -85,6 +89,12 @@ class RolloutWorkflow:
     async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto | None:
         """One training row for the one-row `data`, or None to reject the sample."""
         raise NotImplementedError
+
+    def run_batch(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto | None:
+        """Optional: every row's training row at once, when all rows' episodes run in one batch (no concurrency
+        cap, an engine that takes them in one generate call). It must give exactly the rows `arun_episode` on each
+        row would, all accepted. None (the default): the episodes run row by row."""
+        return None
 
 
 def load_callable(spec: str) -> Any:
@@ -127,12 +137,18 @@ def _want_log_probs(engine: AsyncRolloutEngine) -> bool:
 def single_turn_row(engine: AsyncRolloutEngine, data: DataProto, resp: ModelResponse) -> DataProto:
     """The row `generate_sequences` would give for `data` with `resp` as its response (same fields and
     values: response cut after the first eos, `rollout_log_probs` only with `rollout.calculate_log_probs`)."""
-    responses = pad_responses([torch.tensor(resp.output_tokens, dtype=torch.long)], engine.response_length,
-                              engine.pad_token_id)  # fmt: skip
+    return single_turn_rows(engine, data, [resp])
+
+
+def single_turn_rows(engine: AsyncRolloutEngine, data: DataProto, resps: list[ModelResponse]) -> DataProto:
+    """`single_turn_row` of every row of `data` at once (`resps[i]` is row i's response), built in one go."""
+    responses = pad_responses([torch.tensor(r.output_tokens, dtype=torch.long) for r in resps],
+                              engine.response_length, engine.pad_token_id)  # fmt: skip
     log_probs = None
     if _want_log_probs(engine):
         log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-        log_probs[0, : len(resp.output_logprobs)] = torch.tensor(resp.output_logprobs, dtype=torch.float32)
+        for i, resp in enumerate(resps):
+            log_probs[i, : len(resp.output_logprobs)] = torch.tensor(resp.output_logprobs, dtype=torch.float32)
     return build_rollout_output(_prompt_part(data), responses, engine.eos_token_id, engine.pad_token_id, log_probs)
 
 
@@ -234,12 +250,19 @@ def _check_row(row: Any, data: DataProto, workflow: RolloutWorkflow, engine: Asy
 async def arollout_batch(
     engine: AsyncRolloutEngine, data: DataProto, workflow: RolloutWorkflow, max_concurrent: int | None = None
 ) -> DataProto:
-    """Run one episode per row of `data` concurrently (at most `max_concurrent` at once; None = all).
+    """Run one episode per row of `data` concurrently (at most `max_concurrent` at once; None = all), or all rows
+    in one go by `workflow.run_batch` when it builds them and they would share one generate call anyway.
 
     Returns one row per input row, in order, with `rollout_accepted` (bs,) bool, and an empty meta_info.
     """
     if max_concurrent is not None and int(max_concurrent) < 1:
         raise ValueError(f"rollout.max_concurrent_episodes must be a positive int or null, got {max_concurrent}")
+    if engine.takes_all_at_once(len(data)) and (max_concurrent is None or int(max_concurrent) >= len(data)):
+        out = workflow.run_batch(engine, data)
+        if out is not None:
+            out.batch[ACCEPTED_KEY] = torch.ones(len(data), dtype=torch.bool)
+            out.meta_info = {}
+            return out
     semaphore = asyncio.Semaphore(int(max_concurrent)) if max_concurrent else None
 
     async def episode(i: int) -> Any:

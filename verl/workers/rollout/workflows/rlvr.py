@@ -2,7 +2,8 @@
 
 This is what the trainer did before workflows existed, expressed as a workflow: with the trainer's seed and
 every row's episode started at once, the requests of a rank form one batched generate call with exactly
-the rows, order and seed of `generate_sequences`, so the tokens (and `rollout_log_probs`) are identical.
+the rows, order and seed of `generate_sequences`, so the tokens (and `rollout_log_probs`) are identical. When
+they would share that one call anyway (the trainer's case), `run_batch` makes it and builds the rows at once.
 Layer 5: must not import Ray.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from verl.protocol import DataProto
 from verl.workers.rollout.async_engine import AsyncRolloutEngine, ModelRequest
-from verl.workers.rollout.workflows.base import RolloutWorkflow, prompt_ids_of, single_turn_row
+from verl.workers.rollout.workflows.base import RolloutWorkflow, prompt_ids_of, single_turn_row, single_turn_rows
 
 
 class RLVRWorkflow(RolloutWorkflow):
@@ -20,3 +21,14 @@ class RLVRWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto:
         request = ModelRequest(input_ids=prompt_ids_of(data), gconfig=engine.default_gconfig())
         return single_turn_row(engine, data, await engine.agenerate(request))
+
+    def run_batch(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto | None:
+        """Every row's episode in one go: the same requests in one generate call, the rows built together (no
+        coroutine, request future and one-row DataProto per row: ~50 ms a step for 128 rows on the bench). None
+        when a subclass changes the episode: its `arun_episode` runs row by row."""
+        if type(self).arun_episode is not RLVRWorkflow.arun_episode:
+            return None
+        gconfig = engine.default_gconfig()
+        ids, mask = data.batch["input_ids"], data.batch["attention_mask"].bool()
+        requests = [ModelRequest(input_ids=row[keep].tolist(), gconfig=gconfig) for row, keep in zip(ids, mask)]
+        return single_turn_rows(engine, data, engine.generate_all(requests))
