@@ -239,6 +239,42 @@ def test_build_optimizer_reads_config_and_skips_frozen_params():
     assert (defaults["weight_decay"], defaults["betas"], defaults["eps"]) == (0.01, (0.9, 0.999), 1e-8)
 
 
+def _adamw_steps(optimizer_of, steps: int = 5) -> list[torch.Tensor]:
+    """The parameters of a small model after `steps` AdamW steps on fixed gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    optimizer = optimizer_of(model)
+    grads = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=grads)
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_build_optimizer_takes_the_fused_kernel_on_cpu_with_torchs_default_results():
+    cfg = {"lr": 1e-2, "weight_decay": 0.1}
+    group = build_optimizer(torch.nn.Linear(2, 2), cfg).param_groups[0]
+    assert group["fused"] is True
+    ours = _adamw_steps(lambda m: build_optimizer(m, cfg))
+    plain = _adamw_steps(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1))
+    torch.testing.assert_close(ours, plain, rtol=1e-6, atol=1e-8)  # the same arithmetic, float32 rounding apart
+    assert not torch.equal(ours[0], _adamw_steps(lambda m: build_optimizer(m, cfg), steps=4)[0])  # steps taken
+
+
+def test_override_optimizer_config_reaches_adamw_and_refuses_unknown_keys():
+    override = {"amsgrad": True, "betas": [0.5, 0.6], "foreach": True}
+    group = build_optimizer(torch.nn.Linear(2, 2), {"lr": 0.1, "override_optimizer_config": override}).param_groups[0]
+    assert (group["amsgrad"], group["betas"], group["foreach"], group["fused"]) == (True, (0.5, 0.6), True, None)
+    ours = _adamw_steps(lambda m: build_optimizer(m, {"lr": 1e-2, "override_optimizer_config": {"amsgrad": True}}))
+    plain = _adamw_steps(lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, amsgrad=True))
+    torch.testing.assert_close(ours, plain, rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match="override_optimizer_config has 'momentum', which torch.optim.AdamW does not"):
+        build_optimizer(torch.nn.Linear(2, 2), {"override_optimizer_config": {"momentum": 0.9}})
+    with pytest.raises(ValueError, match="must be a mapping or null, got 3"):
+        build_optimizer(torch.nn.Linear(2, 2), {"override_optimizer_config": 3})
+
+
 def lrs_over(optim_cfg: dict, total: int, steps: int) -> list[float]:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     scheduler = build_lr_scheduler(optimizer, optim_cfg, total)

@@ -5,8 +5,8 @@ Owns: starting torch.distributed (`init_distributed`), wrapping a HF model with 
 `forward_prefetch`), the mixed precision of an `fsdp_config` (`fsdp_mixed_precision`: compute, gradient-reduction
 and buffer dtypes), the offload choices of an `fsdp_config` (`offload_settings`: FSDP2 `CPUOffloadPolicy` for
 `param_offload`, optimizer state moved to CPU between updates for `optimizer_offload`, both only on CUDA: on CPU
-they print one notice per process), full (unsharded) state dicts in and out, the AdamW optimizer and
-warmup + constant/cosine LR schedule built from an `optim` config, gradient clipping on DTensor parameters,
+they print one notice per process), full (unsharded) state dicts in and out, gradient clipping on DTensor parameters (the AdamW optimizer and LR
+schedule of an `optim` config are `verl.utils.optim`'s, re-exported here),
 loading HF causal-LM / token-classification (critic) models, and the torch thread count of a worker.
 
 FSDP1 segfaults on CPU with this torch, so only FSDP2 (`torch.distributed.fsdp.fully_shard`) is used; it runs
@@ -15,11 +15,10 @@ over gloo on CPU and nccl on GPU, with any world size including 1. No Ray code h
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
@@ -31,10 +30,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR
 
 from verl.utils.device import get_device_name, get_dist_backend, set_attention_backends
 from verl.utils.mixed_precision import resolve_mixed_precision
+from verl.utils.optim import LR_SCHEDULE_STYLES, build_lr_scheduler, build_optimizer  # noqa: F401 (re-exported)
 
 __all__ = [
     "init_distributed",
@@ -56,7 +55,6 @@ __all__ = [
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _DTYPES.update({"float16": torch.float16, "fp16": torch.float16})
-LR_SCHEDULE_STYLES = ("constant", "cosine")
 
 
 # ---------------------------------------------------------------- process group
@@ -396,62 +394,7 @@ def load_full_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) 
     set_model_state_dict(model, dict(state_dict), options=StateDictOptions(full_state_dict=True, strict=True))
 
 
-# ---------------------------------------------------------------- optimizer, schedule, clipping
-def build_optimizer(model_or_params: nn.Module | Iterable[torch.nn.Parameter], optim_cfg: Any) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, from an `optim` config (dict-like: lr, weight_decay, betas, eps)."""
-    if isinstance(model_or_params, nn.Module):
-        params = [p for p in model_or_params.parameters() if p.requires_grad]
-    else:
-        params = [p for p in model_or_params if p.requires_grad]
-    if not params:
-        raise ValueError("build_optimizer got no trainable parameters (all have requires_grad=False)")
-    betas = tuple(float(b) for b in optim_cfg.get("betas", (0.9, 0.999)))
-    if len(betas) != 2:
-        raise ValueError(f"optim.betas must hold two numbers, got {list(betas)}")
-    return torch.optim.AdamW(
-        params,
-        lr=float(optim_cfg.get("lr", 1e-6)),
-        weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
-        betas=betas,
-        eps=float(optim_cfg.get("eps", 1e-8)),
-    )
-
-
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_training_steps: int) -> LambdaLR:
-    """LambdaLR with linear warmup from 0, then constant or cosine decay (verl's `optim` keys).
-
-    warmup steps W = `lr_warmup_steps` if > 0 else int(`lr_warmup_steps_ratio` * total_training_steps).
-    Multiplier at step s (s < W): s / W. After warmup, with T = total_training_steps, r = `min_lr_ratio`:
-      constant: 1
-      cosine:   r + (1 - r) * 0.5 * (1 + cos(pi * p)),  p = min(1, (s - W) / max(1, T - W))
-    The style is `warmup_style` or `lr_scheduler_type` (default constant).
-    """
-    style = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type") or "constant"
-    if style not in LR_SCHEDULE_STYLES:
-        raise ValueError(f"unknown lr schedule style {style!r}; allowed: {list(LR_SCHEDULE_STYLES)}")
-    warmup_steps = int(optim_cfg.get("lr_warmup_steps", -1) or -1)
-    ratio = float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0)
-    if (style == "cosine" or (warmup_steps <= 0 and ratio > 0)) and total_training_steps <= 0:
-        raise ValueError(
-            f"total_training_steps must be > 0 for a {style} schedule with warmup ratio {ratio}, got {total_training_steps}"
-        )
-    if warmup_steps <= 0:
-        warmup_steps = int(ratio * total_training_steps)
-    min_lr_ratio = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-
-    def lr_lambda(step: int) -> float:
-        if step < warmup_steps:
-            return step / warmup_steps
-        if style == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_training_steps - warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return LambdaLR(optimizer, lr_lambda)
-
-
+# ---------------------------------------------------------------- clipping
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip the gradients of `model` to total L2 norm `max_norm`; returns the norm before clipping (a 0-d tensor).
 

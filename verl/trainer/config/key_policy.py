@@ -101,10 +101,8 @@ REFUSED: dict[str, list[str]] = {
         "critic.checkpoint.async_save",
         "actor_rollout_ref.actor.optim.optimizer",
         "actor_rollout_ref.actor.optim.optimizer_impl",
-        "actor_rollout_ref.actor.optim.override_optimizer_config",
         "critic.optim.optimizer",
         "critic.optim.optimizer_impl",
-        "critic.optim.override_optimizer_config",
     ],
     "this rollout-server option (verl's vLLM/SGLang server mode, agent loops, routing) is not implemented": [
         "actor_rollout_ref.rollout.nnodes",
