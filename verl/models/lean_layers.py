@@ -12,7 +12,8 @@ This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so
 `model.lean_activations` (an extension of ours, default false as verl has no such key).
 
 `apply_lean_layers(model)` switches the forward of every matching module of a qwen2, qwen3 or llama model (their
-RMSNorm and MLP classes, by name) and returns how many it switched. The switch only takes the lean path when
+RMSNorm and MLP classes, by name) and returns how many it switched; it also switches their attention's rotary
+embedding to `lean_rotary.py`'s (fewer passes, results equal bit for bit). The switch only takes the lean path when
 autograd records (a no-grad forward runs HF's code) and, for the MLP, while its three projections are plain
 bias-free `nn.Linear` with a SiLU (so a LoRA wrapper added later, or a bias, keeps HF's forward).
 """
@@ -24,6 +25,8 @@ import types
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from verl.models.lean_rotary import use_lean_rotary
 
 __all__ = ["LeanRMSNorm", "LeanSwiGLU", "apply_lean_layers", "LEAN_MODEL_TYPES"]
 
@@ -145,4 +148,5 @@ def apply_lean_layers(model: nn.Module) -> int:
         module._hf_forward = module.forward
         module.forward = types.MethodType(lean_forward, module)
         switched += 1
+    use_lean_rotary(model)  # the attention's rotary embedding in fewer passes, same results (lean_rotary.py)
     return switched
