@@ -246,20 +246,26 @@ def apply_fsdp2(
 
 
 @contextmanager
-def unsharded(module: nn.Module) -> Iterator[None]:
+def unsharded(module: nn.Module, through_backward: bool = False) -> Iterator[None]:
     """The block runs `module`'s forwards on its full weights: every FSDP2 unit is gathered once on entry and kept
     gathered (no resharding after a forward), then resharded on exit. No collective runs inside the block, so the
-    ranks may make different numbers of forwards (a generation whose rows stop at different lengths). A plain
-    module is left as it is. Collective on entry and exit: every rank of the mesh enters together."""
+    ranks may make different numbers of forwards (a generation whose rows stop at different lengths). With
+    `through_backward` the units also stay gathered after each backward (FSDP2's gradient reduction still runs in
+    every backward, a collective as usual). A plain module is left as it is. Collective on entry and exit: every
+    rank of the mesh enters together."""
     units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
     for unit in units:
         unit.set_reshard_after_forward(False)
+        if through_backward:
+            unit.set_reshard_after_backward(False, recurse=False)
     for unit in units:
         unit.unshard()
     try:
         yield
     finally:
         for unit in units:
+            if through_backward:
+                unit.set_reshard_after_backward(True, recurse=False)  # FSDP2's default; verl never changes it
             unit.reshard()
             unit.set_reshard_after_forward(getattr(unit, "_verl_reshard_after_forward", True))
 

@@ -179,6 +179,55 @@ def test_infer_batch_on_one_fsdp2_rank_gathers_once_and_gives_the_same_outputs(p
     assert max_diff(trained[0], trained[1]) == 0.0 and max_diff(params(base), trained[0]) > 1e-4
 
 
+def test_training_on_one_cpu_rank_gathers_once_for_all_micro_batches_with_the_same_result(process_group, monkeypatch):
+    """One CPU rank: a training pass gathers each FSDP2 unit once for its 3 micro-batches (FSDP2 alone gathers it
+    for every forward and again for every backward: 6 times), and two steps give bit for bit the weights, losses and
+    gradient norms of FSDP2's own gathering; the module is sharded again after each pass."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.fsdp_utils import apply_fsdp2
+    from verl.workers.engine.fsdp import transformer_impl
+
+    base = make_model(7)
+    engines = []
+    for _ in range(2):
+        module = apply_fsdp2(copy.deepcopy(base))
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
+        engines.append(FSDPEngineWithLMHead.from_module(module, optimizer, optimizer_config={"clip_grad": 1.0}))
+    units = sum(1 for m in engines[0].module.modules() if hasattr(m, "unshard"))
+    gathers = []
+    real_unshard = FSDPParamGroup.unshard
+
+    def counted(group, *args, **kwargs):
+        gathers.append(group._all_gather_result is None and not group.is_unsharded)
+        return real_unshard(group, *args, **kwargs)
+
+    monkeypatch.setattr(FSDPParamGroup, "unshard", counted)
+    config = OmegaConf.create(OmegaConf.to_container(ppo_config()))
+
+    def train(engine):
+        batch = ppo_batch().batch
+        tu.assign_non_tensor(batch, temperature=0.9, micro_batch_size_per_gpu=2, calculate_entropy=True)
+        gathers.clear()
+        with engine.train_mode():
+            out = engine.train_batch(batch, functools.partial(ppo_loss, config))
+        assert all(isinstance(p, DTensor) for p in engine.module.parameters())  # resharded after
+        return out, sum(gathers)
+
+    runs = []
+    for index, engine in enumerate(engines):
+        with monkeypatch.context() as m:
+            if index == 1:  # FSDP2's own gathering
+                m.setattr(transformer_impl, "one_rank_fsdp2", lambda module: False)
+            runs.append([train(engine) for _ in range(2)])
+    assert [g for _, g in runs[0]] == [units, units] and [g for _, g in runs[1]] == [6 * units, 6 * units]
+    for (ours, _), (theirs, _) in zip(runs[0], runs[1]):
+        assert ours["loss"] == theirs["loss"] and ours["metrics"]["grad_norm"] == theirs["metrics"]["grad_norm"]
+    trained = [{n: p.full_tensor() for n, p in e.module.named_parameters()} for e in engines]
+    assert max_diff(trained[0], trained[1]) == 0.0 and max_diff(params(base), trained[0]) > 1e-4
+
+
 # ------------------------------------------------------------------------------------------ AReaL-lite's path
 LENGTHS = [7, 3, 9, 5, 6]  # sequence lengths; the first 3 tokens of each are the prompt (loss mask 0)
 

@@ -21,7 +21,8 @@ Two ways to train on it, one engine:
   `get_version`: a loss over packed 1-D sequences (`verl.workers.engine.packed`).
 
 Distributed: `initialize()` joins torch.distributed (torchrun's or Ray's env; a one-process group otherwise),
-gloo on CPU, nccl on GPU. Layer 5: no Ray, no trainer code.
+gloo on CPU, nccl on GPU. One rank: a forward-only pass gathers each FSDP2 unit once, not per forward; one CPU rank:
+so does a training pass (~3% of the bench update; one gathered copy of the weights). Layer 5: no Ray, no trainer.
 """
 
 from __future__ import annotations
@@ -332,13 +333,16 @@ class FSDPEngine(BaseEngine):
         micro_batches, order = micro_batch_plan(proto, size, dynamic, max_tokens, group_prompts=share)
         device = module_device(self.module)
         outputs = []
-        for micro_batch in micro_batches:
-            batch = micro_batch.batch.to(device)
-            tu.assign_non_tensor(batch, **settings)
-            loss, output = self.forward_step(batch, loss_function, forward_only)
-            if not forward_only:
-                loss.backward()
-            outputs.append(output)
+        # one CPU rank: every unit gathered once for all micro-batches, not per forward call and backward (below)
+        gathered = not forward_only and one_rank_fsdp2(self.module) and device.type == "cpu"
+        with fsdp_utils.unsharded(self.module, through_backward=True) if gathered else contextlib.nullcontext():
+            for micro_batch in micro_batches:
+                batch = micro_batch.batch.to(device)
+                tu.assign_non_tensor(batch, **settings)
+                loss, output = self.forward_step(batch, loss_function, forward_only)
+                if not forward_only:
+                    loss.backward()
+                outputs.append(output)
         model_output = {}
         for key in outputs[0]["model_output"] if outputs else ():
             model_output[key] = restore_order(torch.cat([o["model_output"][key] for o in outputs]), order)
