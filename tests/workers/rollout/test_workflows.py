@@ -318,8 +318,14 @@ class UndeclaredKey(RLVRWorkflow):
         return row
 
 
+class DeclaredKeyNeverSet(RLVRWorkflow):  # the episode is rlvr's, which never sets the declared field
+    extra_output_keys = {"bonus": "scalar"}
+
+
 def test_bad_episode_outputs_fail_clearly(make_rollout, make_prompts, tokenizer):
     rollout = make_rollout(response_length=3)
+    with pytest.raises(KeyError, match="extra_output_keys"):  # checked row by row, not built in one go
+        rollout_batch(rollout, make_prompts(TEXTS[:2]), DeclaredKeyNeverSet(rollout.config, tokenizer))
     with pytest.raises(TypeError, match="one-row DataProto or None; row 0 gave 2 rows"):
         rollout_batch(rollout, make_prompts(TEXTS[:1]), TwoRows(rollout.config, tokenizer))
     with pytest.raises(KeyError, match="extra_output_keys"):

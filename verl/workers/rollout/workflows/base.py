@@ -257,7 +257,8 @@ async def arollout_batch(
     """
     if max_concurrent is not None and int(max_concurrent) < 1:
         raise ValueError(f"rollout.max_concurrent_episodes must be a positive int or null, got {max_concurrent}")
-    if engine.takes_all_at_once(len(data)) and (max_concurrent is None or int(max_concurrent) >= len(data)):
+    uncapped = max_concurrent is None or int(max_concurrent) >= len(data)
+    if len(data) and uncapped and engine.takes_all_at_once(len(data)):
         out = workflow.run_batch(engine, data)
         if out is not None:
             out.batch[ACCEPTED_KEY] = torch.ones(len(data), dtype=torch.bool)
