@@ -119,11 +119,25 @@ def test_infer_batch_returns_rows_in_input_order_whatever_the_micro_batches():
         engine.infer_batch(batch)
 
 
+def count_gathers(monkeypatch) -> list[bool]:
+    """A list that gets one entry per FSDP2 unshard call, True when the call really gathers (not already gathered)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    gathers = []
+    real_unshard = FSDPParamGroup.unshard
+
+    def counted(group, *args, **kwargs):
+        gathers.append(group._all_gather_result is None and not group.is_unsharded)
+        return real_unshard(group, *args, **kwargs)
+
+    monkeypatch.setattr(FSDPParamGroup, "unshard", counted)
+    return gathers
+
+
 def test_infer_batch_on_one_fsdp2_rank_gathers_once_and_gives_the_same_outputs(process_group, monkeypatch):
     """One rank: the forward-only pass gathers each FSDP2 unit once for all its micro-batches (not once per
     micro-batch), gives the same log-probs as FSDP2's own per-forward gathering (to the bit) and as the unsharded
     model, and leaves the module sharded, with FSDP2's hooks working: a training step after it equals one without."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.tensor import DTensor
 
     from verl.utils.fsdp_utils import apply_fsdp2
@@ -140,14 +154,7 @@ def test_infer_batch_on_one_fsdp2_rank_gathers_once_and_gives_the_same_outputs(p
     ]
     assert one_rank_fsdp2(engines[0].module) and not one_rank_fsdp2(plain.module)
     units = sum(1 for m in engines[0].module.modules() if hasattr(m, "unshard"))
-    gathers = []
-    real_unshard = FSDPParamGroup.unshard
-
-    def counted(group, *args, **kwargs):
-        gathers.append(group._all_gather_result is None and not group.is_unsharded)
-        return real_unshard(group, *args, **kwargs)
-
-    monkeypatch.setattr(FSDPParamGroup, "unshard", counted)
+    gathers = count_gathers(monkeypatch)
 
     def log_probs(engine):
         batch = ppo_batch().batch
@@ -183,7 +190,6 @@ def test_training_on_one_cpu_rank_gathers_once_for_all_micro_batches_with_the_sa
     """One CPU rank: a training pass gathers each FSDP2 unit once for its 3 micro-batches (FSDP2 alone gathers it
     for every forward and again for every backward: 6 times), and two steps give bit for bit the weights, losses and
     gradient norms of FSDP2's own gathering; the module is sharded again after each pass."""
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
     from torch.distributed.tensor import DTensor
 
     from verl.utils.fsdp_utils import apply_fsdp2
@@ -196,14 +202,7 @@ def test_training_on_one_cpu_rank_gathers_once_for_all_micro_batches_with_the_sa
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
         engines.append(FSDPEngineWithLMHead.from_module(module, optimizer, optimizer_config={"clip_grad": 1.0}))
     units = sum(1 for m in engines[0].module.modules() if hasattr(m, "unshard"))
-    gathers = []
-    real_unshard = FSDPParamGroup.unshard
-
-    def counted(group, *args, **kwargs):
-        gathers.append(group._all_gather_result is None and not group.is_unsharded)
-        return real_unshard(group, *args, **kwargs)
-
-    monkeypatch.setattr(FSDPParamGroup, "unshard", counted)
+    gathers = count_gathers(monkeypatch)
     config = OmegaConf.create(OmegaConf.to_container(ppo_config()))
 
     def train(engine):
