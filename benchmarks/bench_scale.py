@@ -320,11 +320,11 @@ def probe_child(spec: dict) -> dict:
     from verl.utils import fsdp_utils
     from verl.utils.system_metrics import phase_memory, process_metrics
     from verl.workers.actor import DataParallelPPOActor
-    from verl.workers.engine import model_forward
+    from verl.workers.engine import head_stats
 
     torch.set_num_threads(THREADS)
     if not spec["chunked"]:
-        model_forward.HEAD_CHUNK_ELEMENTS = 2**62
+        head_stats.HEAD_CHUNK_ELEMENTS = 2**62
     model = fsdp_utils.load_causal_lm(spec["model"], "float32", "sdpa", gradient_checkpointing=spec["ckpt"]).train()
     for param in model.parameters():  # touch the (lazily loaded) weights before measuring
         param.data.add_(0)

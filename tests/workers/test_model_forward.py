@@ -284,10 +284,10 @@ def run_fsdp_rank(rank: int, world_size: int, port: int, out_dir: str, layout: d
         dist.destroy_process_group()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        from verl.workers.engine import model_forward
+        from verl.workers.engine import head_stats
 
         layout = dict(layout)
-        model_forward.HEAD_CHUNK_ELEMENTS = layout.pop("head_chunk_elements", model_forward.HEAD_CHUNK_ELEMENTS)
+        head_stats.HEAD_CHUNK_ELEMENTS = layout.pop("head_chunk_elements", head_stats.HEAD_CHUNK_ELEMENTS)
         model = make_model(seed=1)
         data = ppo_batch(model)  # built from the unsharded model: the same on both ranks
         shard_on_cpu(model, reshard_after_forward=layout.pop("reshard_root", None))  # None: FSDP2's root default
@@ -334,7 +334,7 @@ def full_logits_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch
 
 
 def test_head_token_stats_equal_the_full_logits_one_chunk_alive_at_a_time():
-    from verl.workers.engine.model_forward import HeadSpec, head_token_stats
+    from verl.workers.engine.head_stats import HeadSpec, head_token_stats
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, VOCAB, bias=False)
@@ -367,8 +367,8 @@ def test_linear_head_stats_equal_the_full_logits_with_its_own_backward(dtype, en
     """A plain nn.Linear head (bias, temperature 0.7) takes `_LinearHeadStats`: statistics and gradients equal the
     full logits' (float64: to 1e-10), chunk by chunk, each chunk's logits made once in forward and once in backward,
     and the checkpointed path (a head with a hook) gives the same numbers."""
-    from verl.workers.engine import model_forward
-    from verl.workers.engine.model_forward import HeadSpec, head_token_stats
+    from verl.workers.engine import head_stats
+    from verl.workers.engine.head_stats import HeadSpec, head_token_stats
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, VOCAB, dtype=dtype)
@@ -384,9 +384,9 @@ def test_linear_head_stats_equal_the_full_logits_with_its_own_backward(dtype, en
     hidden.grad = head.weight.grad = head.bias.grad = None
 
     rows_seen = []
-    linear_logits = model_forward._linear_logits
+    linear_logits = head_stats._linear_logits
     monkeypatch.setattr(
-        model_forward, "_linear_logits", lambda h, *a: rows_seen.append(h.shape[0]) or linear_logits(h, *a)
+        head_stats, "_linear_logits", lambda h, *a: rows_seen.append(h.shape[0]) or linear_logits(h, *a)
     )
     spec = HeadSpec(temperature=0.7, entropy=True, entropy_grad=entropy_grad, sum_pi_squared=True)
     stats = head_token_stats(hidden, head, labels, spec, chunk_rows=3)
@@ -413,10 +413,10 @@ def test_linear_head_stats_equal_the_full_logits_with_its_own_backward(dtype, en
 def test_actor_forward_in_vocab_chunks_equals_the_full_logits(layout, lora, monkeypatch):
     """Log-probs, entropy (with gradient), sum pi^2 and gradients of the actor's chunked LM head (3 rows per chunk)
     against the unchunked log_softmax of one full padded forward, in every layout, also through peft LoRA."""
-    from verl.workers.engine import model_forward
+    from verl.workers.engine import head_stats
     from verl.workers.lora import apply_lora
 
-    monkeypatch.setattr(model_forward, "HEAD_CHUNK_ELEMENTS", 3 * VOCAB)
+    monkeypatch.setattr(head_stats, "HEAD_CHUNK_ELEMENTS", 3 * VOCAB)
     model = make_model(seed=4)
     if lora:
         model = apply_lora(model, OmegaConf.create({"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear"}))
