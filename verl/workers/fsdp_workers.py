@@ -2,10 +2,10 @@
 
 Owns `ActorRolloutRefWorker`, `CriticWorker` (`RewardModelWorker` lives in reward_model_worker.py and is
 re-exported here, verl's import path): loading models from `model.path`, FSDP2 wrapping, AdamW + LR schedule,
-the worker-side config normalisation (mini/micro batch sizes per rank), weight sync from the actor to the rollout
-engine after every update (`model_update`), checkpoints, and the `@register`ed methods a worker group calls. The
-maths lives in layer 5 (`DataParallelPPOActor`, `DataParallelPPOCritic`, the rollout engines); this file only wires
-it up.
+the worker-side config normalisation (mini/micro batch sizes per rank; the checks live in `worker_config.py`),
+weight sync from the actor to the rollout engine after every update (`model_update`), checkpoints, and the
+`@register`ed methods a worker group calls. The maths lives in layer 5 (`DataParallelPPOActor`,
+`DataParallelPPOCritic`, the rollout engines); this file only wires it up.
 
 Design choices:
 - The `hf` rollout engine generates with the actor's own FSDP2 module (gathered for the call) when it computes in
@@ -48,18 +48,27 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
-from verl.utils.mixed_precision import resolve_mixed_precision
 from verl.utils.system_metrics import phase_memory
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
+from verl.workers.worker_config import (
+    _canonical_dtype,
+    _check_supported,
+    _critic_fsdp_config,
+    _positive_int,
+    _private_config,
+    check_old_log_prob_reuse,
+    compute_dtype,
+    normalize_batch_sizes,
+)
 
 # The training stack (FSDP2 and DTensor, the engines, the PPO actor and critic, HF's model code, the weight
 # streams) is imported by the methods that build or use it, which run in the worker processes: the driver imports
@@ -73,107 +82,6 @@ ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_ro
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 __all__ = ["ACTOR_ROLLOUT_REF_ROLES", "ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
-
-
-# ----------------------------------------------------------------------------------------------- config
-def _private_config(config: Any) -> DictConfig:
-    """A resolved, writable copy of a config sub-tree (DictConfig or dict), so normalisation never leaks out."""
-    if isinstance(config, DictConfig):
-        return OmegaConf.create(OmegaConf.to_container(config, resolve=True))
-    return OmegaConf.create(dict(config))
-
-
-def _positive_int(value: Any, key: str) -> int:
-    if value is None or int(value) <= 0:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: str) -> None:
-    """In place: `ppo_mini_batch_size` (prompts) becomes samples per rank, as verl's workers do.
-
-    mini = ppo_mini_batch_size * n / world_size must be an integer; `ppo_micro_batch_size_per_gpu` is capped
-    at that mini-batch and must divide it (unless `use_dynamic_bsz`). Errors name both numbers.
-    """
-    prompts = _positive_int(section.get("ppo_mini_batch_size"), f"{prefix}.ppo_mini_batch_size")
-    samples = prompts * n
-    if samples % world_size != 0:
-        raise ValueError(
-            f"{prefix}.ppo_mini_batch_size * rollout.n = {prompts} * {n} = {samples} samples is not divisible by "
-            f"the data-parallel world size {world_size}"
-        )
-    section.ppo_mini_batch_size = samples // world_size
-    if section.get("use_dynamic_bsz", False):
-        return
-    key = f"{prefix}.ppo_micro_batch_size_per_gpu"
-    micro = min(_positive_int(section.get("ppo_micro_batch_size_per_gpu"), key), section.ppo_mini_batch_size)
-    if section.ppo_mini_batch_size % micro != 0:
-        raise ValueError(
-            f"the per-rank mini-batch of {section.ppo_mini_batch_size} samples is not divisible by {key}={micro}"
-        )
-    section.ppo_micro_batch_size_per_gpu = micro
-
-
-def _check_supported(model_cfg: Any) -> None:
-    lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
-    if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
-        raise ValueError(
-            "model.share_prompt_prefix=true needs a KV cache in the update pass, which gradient checkpointing "
-            "drops; set model.enable_gradient_checkpointing=false or model.share_prompt_prefix=false"
-        )
-    if model_cfg.get("override_config"):
-        raise ValueError(
-            f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
-        )
-
-
-def _critic_fsdp_config(config: Any) -> dict:
-    """The critic's engine config: verl 0.9.1's `critic.fsdp`, over the older `critic.fsdp_config`, over the legacy
-    `critic.model.fsdp_config` (a key set in a later one wins)."""
-    merged: dict = {}
-    for section in (config.get("model", {}).get("fsdp_config"), config.get("fsdp_config"), config.get("fsdp")):
-        if section:
-            merged.update(OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section))
-    return merged
-
-
-def check_old_log_prob_reuse(config: Any) -> None:
-    """`actor.recompute_old_log_prob=false` reuses the rollout's log-probs as `old_log_probs`; that is exact only
-    when the rollout computes them (`rollout.calculate_log_probs`) with the actor's own weights in the actor's
-    dtype, which the `hf` engine does (it is synced after every update). Anything else raises ValueError."""
-    if config.get("actor", {}).get("recompute_old_log_prob", True):
-        return
-    rollout = config.get("rollout", {})
-    if not rollout.get("calculate_log_probs", False):
-        raise ValueError(
-            "actor.recompute_old_log_prob=false reuses rollout_log_probs as old_log_probs; "
-            "set actor_rollout_ref.rollout.calculate_log_probs=true"
-        )
-    if rollout.get("name", "hf") != "hf":
-        raise ValueError(
-            f"actor.recompute_old_log_prob=false needs log-probs of the actor's exact weights; rollout.name="
-            f"{rollout.get('name')!r} is not exact, use hf or actor.recompute_old_log_prob=true"
-        )
-    actor_dtype = compute_dtype(config.get("actor", {}).get("fsdp_config"))
-    rollout_dtype = _canonical_dtype(rollout.get("dtype") or actor_dtype)
-    if rollout_dtype != actor_dtype:
-        raise ValueError(
-            f"actor.recompute_old_log_prob=false needs the rollout in the actor's dtype: rollout.dtype="
-            f"{rollout_dtype!r}, actor.fsdp_config.dtype={actor_dtype!r}"
-        )
-
-
-def _canonical_dtype(name: Any) -> str:
-    """float32 | bfloat16 | float16 from verl's spellings (fp32, bf16, fp16 or the long names)."""
-    short = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-    return short.get(str(name), str(name))
-
-
-def compute_dtype(fsdp_cfg: Any) -> str:
-    """The compute dtype: `fsdp_config.mixed_precision.param_dtype`, else `fsdp_config.dtype` (verl's precedence,
-    `verl.utils.mixed_precision`); float32 when neither is set. On CPU the driver has already turned an implicit
-    low-precision `dtype` into float32 (`verl.trainer.config.resolve_cpu_dtypes`); `param_dtype` is kept."""
-    return resolve_mixed_precision(fsdp_cfg, "fsdp_config").param_dtype or "float32"
 
 
 def _freeze(module: nn.Module) -> nn.Module:

@@ -1,0 +1,121 @@
+"""The FSDP workers' config checks and normalisation, run in each worker before a model is built.
+
+Owns `normalize_batch_sizes` (verl's per-rank mini/micro batch sizes), `check_old_log_prob_reuse` (when the rollout's
+log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the private
+helpers `fsdp_workers` uses (`_private_config`, `_check_supported`, `_critic_fsdp_config`, `_canonical_dtype`).
+`verl.workers.fsdp_workers` re-exports them under its import path. Every error names the key, its value and what is
+allowed.
+
+Layer 7 (with the workers): imports omegaconf, `verl.utils.mixed_precision` and `verl.workers.lora`; no torch code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.utils.mixed_precision import resolve_mixed_precision
+from verl.workers.lora import lora_rank
+
+__all__ = ["check_old_log_prob_reuse", "compute_dtype", "normalize_batch_sizes"]
+
+
+def _private_config(config: Any) -> DictConfig:
+    """A resolved, writable copy of a config sub-tree (DictConfig or dict), so normalisation never leaks out."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    return OmegaConf.create(dict(config))
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if value is None or int(value) <= 0:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: str) -> None:
+    """In place: `ppo_mini_batch_size` (prompts) becomes samples per rank, as verl's workers do.
+
+    mini = ppo_mini_batch_size * n / world_size must be an integer; `ppo_micro_batch_size_per_gpu` is capped
+    at that mini-batch and must divide it (unless `use_dynamic_bsz`). Errors name both numbers.
+    """
+    prompts = _positive_int(section.get("ppo_mini_batch_size"), f"{prefix}.ppo_mini_batch_size")
+    samples = prompts * n
+    if samples % world_size != 0:
+        raise ValueError(
+            f"{prefix}.ppo_mini_batch_size * rollout.n = {prompts} * {n} = {samples} samples is not divisible by "
+            f"the data-parallel world size {world_size}"
+        )
+    section.ppo_mini_batch_size = samples // world_size
+    if section.get("use_dynamic_bsz", False):
+        return
+    key = f"{prefix}.ppo_micro_batch_size_per_gpu"
+    micro = min(_positive_int(section.get("ppo_micro_batch_size_per_gpu"), key), section.ppo_mini_batch_size)
+    if section.ppo_mini_batch_size % micro != 0:
+        raise ValueError(
+            f"the per-rank mini-batch of {section.ppo_mini_batch_size} samples is not divisible by {key}={micro}"
+        )
+    section.ppo_micro_batch_size_per_gpu = micro
+
+
+def _check_supported(model_cfg: Any) -> None:
+    lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
+    if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
+        raise ValueError(
+            "model.share_prompt_prefix=true needs a KV cache in the update pass, which gradient checkpointing "
+            "drops; set model.enable_gradient_checkpointing=false or model.share_prompt_prefix=false"
+        )
+    if model_cfg.get("override_config"):
+        raise ValueError(
+            f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
+        )
+
+
+def _critic_fsdp_config(config: Any) -> dict:
+    """The critic's engine config: verl 0.9.1's `critic.fsdp`, over the older `critic.fsdp_config`, over the legacy
+    `critic.model.fsdp_config` (a key set in a later one wins)."""
+    merged: dict = {}
+    for section in (config.get("model", {}).get("fsdp_config"), config.get("fsdp_config"), config.get("fsdp")):
+        if section:
+            merged.update(OmegaConf.to_container(section) if isinstance(section, DictConfig) else dict(section))
+    return merged
+
+
+def check_old_log_prob_reuse(config: Any) -> None:
+    """`actor.recompute_old_log_prob=false` reuses the rollout's log-probs as `old_log_probs`; that is exact only
+    when the rollout computes them (`rollout.calculate_log_probs`) with the actor's own weights in the actor's
+    dtype, which the `hf` engine does (it is synced after every update). Anything else raises ValueError."""
+    if config.get("actor", {}).get("recompute_old_log_prob", True):
+        return
+    rollout = config.get("rollout", {})
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError(
+            "actor.recompute_old_log_prob=false reuses rollout_log_probs as old_log_probs; "
+            "set actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    if rollout.get("name", "hf") != "hf":
+        raise ValueError(
+            f"actor.recompute_old_log_prob=false needs log-probs of the actor's exact weights; rollout.name="
+            f"{rollout.get('name')!r} is not exact, use hf or actor.recompute_old_log_prob=true"
+        )
+    actor_dtype = compute_dtype(config.get("actor", {}).get("fsdp_config"))
+    rollout_dtype = _canonical_dtype(rollout.get("dtype") or actor_dtype)
+    if rollout_dtype != actor_dtype:
+        raise ValueError(
+            f"actor.recompute_old_log_prob=false needs the rollout in the actor's dtype: rollout.dtype="
+            f"{rollout_dtype!r}, actor.fsdp_config.dtype={actor_dtype!r}"
+        )
+
+
+def _canonical_dtype(name: Any) -> str:
+    """float32 | bfloat16 | float16 from verl's spellings (fp32, bf16, fp16 or the long names)."""
+    short = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    return short.get(str(name), str(name))
+
+
+def compute_dtype(fsdp_cfg: Any) -> str:
+    """The compute dtype: `fsdp_config.mixed_precision.param_dtype`, else `fsdp_config.dtype` (verl's precedence,
+    `verl.utils.mixed_precision`); float32 when neither is set. On CPU the driver has already turned an implicit
+    low-precision `dtype` into float32 (`verl.trainer.config.resolve_cpu_dtypes`); `param_dtype` is kept."""
+    return resolve_mixed_precision(fsdp_cfg, "fsdp_config").param_dtype or "float32"
