@@ -55,12 +55,12 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
+from verl.utils.mixed_precision import canonical_dtype
 from verl.utils.system_metrics import phase_memory
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
 from verl.workers.worker_config import (
-    _canonical_dtype,
     _check_supported,
     _critic_fsdp_config,
     _positive_int,
@@ -219,7 +219,7 @@ class ActorRolloutRefWorker(Worker):
             trust = bool(self.config.model.get("trust_remote_code", False))
             return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust)
         actor_dtype = compute_dtype(self.config.actor.get("fsdp_config")) if self.actor is not None else None
-        dtype = _canonical_dtype(rollout_cfg.get("dtype") or actor_dtype or "float32")
+        dtype = canonical_dtype(rollout_cfg.get("dtype") or actor_dtype or "float32", "rollout.dtype")
         if self.actor is not None and dtype == actor_dtype and getattr(rollout_cls, "accepts_sharded_module", False):
             return rollout_cls(self.actor_module, rollout_cfg, self.tokenizer)  # no copy, no sync: hf_rollout.py
         module = self._load_policy(dtype)

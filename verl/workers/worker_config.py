@@ -2,9 +2,9 @@
 
 Owns `normalize_batch_sizes` (verl's per-rank mini/micro batch sizes), `check_old_log_prob_reuse` (when the rollout's
 log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the private
-helpers `fsdp_workers` uses (`_private_config`, `_check_supported`, `_critic_fsdp_config`, `_canonical_dtype`).
-`verl.workers.fsdp_workers` re-exports them under its import path. Every error names the key, its value and what is
-allowed.
+helpers `fsdp_workers` uses (`_private_config`, `_positive_int`, `_check_supported`, `_critic_fsdp_config`).
+`verl.workers.fsdp_workers` imports them, so its import path for them still works. Every error names the key and its
+value. Dtype spellings are `verl.utils.mixed_precision.canonical_dtype`'s.
 
 Layer 7 (with the workers): imports omegaconf, `verl.utils.mixed_precision` and `verl.workers.lora`; no torch code.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.utils.mixed_precision import resolve_mixed_precision
+from verl.utils.mixed_precision import canonical_dtype, resolve_mixed_precision
 from verl.workers.lora import lora_rank
 
 __all__ = ["check_old_log_prob_reuse", "compute_dtype", "normalize_batch_sizes"]
@@ -100,18 +100,12 @@ def check_old_log_prob_reuse(config: Any) -> None:
             f"{rollout.get('name')!r} is not exact, use hf or actor.recompute_old_log_prob=true"
         )
     actor_dtype = compute_dtype(config.get("actor", {}).get("fsdp_config"))
-    rollout_dtype = _canonical_dtype(rollout.get("dtype") or actor_dtype)
+    rollout_dtype = canonical_dtype(rollout.get("dtype") or actor_dtype, "rollout.dtype")
     if rollout_dtype != actor_dtype:
         raise ValueError(
             f"actor.recompute_old_log_prob=false needs the rollout in the actor's dtype: rollout.dtype="
             f"{rollout_dtype!r}, actor.fsdp_config.dtype={actor_dtype!r}"
         )
-
-
-def _canonical_dtype(name: Any) -> str:
-    """float32 | bfloat16 | float16 from verl's spellings (fp32, bf16, fp16 or the long names)."""
-    short = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-    return short.get(str(name), str(name))
 
 
 def compute_dtype(fsdp_cfg: Any) -> str:
