@@ -1,0 +1,25 @@
+"""The Ray-presence benchmark (benchmarks/bench_ray_presence.py): its measuring process honours the thread count
+(one thread: CPU seconds at most its wall seconds; two: well over) and reports the loop's time as JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "bench_ray_presence.py")
+
+
+def _child(threads: int) -> dict:
+    cmd = [sys.executable, SCRIPT, "--_child", "alone", "--_threads", str(threads), "--size", "512", "--reps", "40"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_measuring_process_computes_on_the_threads_it_is_given():
+    one = _child(1)
+    assert one["wall_s"] > 0 and one["cpu_s"] / one["wall_s"] < 1.2  # never more than one thread busy
+    if len(os.sched_getaffinity(0)) >= 2:
+        two = _child(2)
+        assert two["cpu_s"] / two["wall_s"] > 1.2  # both threads busy in the matmuls
