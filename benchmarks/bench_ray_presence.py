@@ -61,9 +61,18 @@ def _ray_cli() -> str:
     return os.path.join(os.path.dirname(sys.executable), "ray")
 
 
+def _ray_running() -> bool:
+    """Whether a Ray daemon of any session runs on this machine (a raylet or a GCS server)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(part.endswith(("/raylet", "/gcs_server")) for part in (proc.info["cmdline"] or [])[:1]):
+            return True
+    return False
+
+
 def _measure(setting: str, threads: int, args) -> dict:
-    """One fresh process under `setting`; Ray is stopped before and after."""
-    subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True)
+    """One fresh process under `setting`; the cluster started for "daemons" is stopped after it."""
     if setting == "daemons":
         subprocess.run(
             [_ray_cli(), "start", "--head", "--num-cpus=2", "--include-dashboard=false"],
@@ -85,7 +94,8 @@ def _measure(setting: str, threads: int, args) -> dict:
     ]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # init_ray would join it
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True)
+    if setting == "daemons":
+        subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True)
     if out.returncode != 0:
         raise RuntimeError(f"{setting} ({threads} threads) failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -102,6 +112,8 @@ def main() -> None:
     if args._child:
         print(json.dumps(_child(args._child, args._threads, args.size, args.reps)))
         return
+    if _ray_running():  # "alone" would not be alone, and `ray stop` after "daemons" would stop that cluster too
+        sys.exit("a Ray cluster is running on this machine; stop it (`ray stop`) before this benchmark")
     ratios: dict[tuple[str, int], list[float]] = {}
     for rnd in range(1, args.rounds + 1):
         for threads in (2, 1):
