@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--_child", choices=SETTINGS, help=argparse.SUPPRESS)
     parser.add_argument("--_threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("rounds", "size", "reps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args._child:
         print(json.dumps(_child(args._child, args._threads, args.size, args.reps)))
         return
