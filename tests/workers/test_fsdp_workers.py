@@ -423,11 +423,11 @@ def test_fsdp_config_keys_on_cpu_offload_notice_once_and_bf16_master_weights(tin
 
 
 def test_critic_reads_verl_0_9_fsdp_section_first():
-    from verl.workers.fsdp_workers import _critic_fsdp_config
+    from verl.workers.fsdp_workers import critic_fsdp_config
 
     cfg = OmegaConf.create(
         {"model": {"fsdp_config": {"param_offload": True, "fsdp_size": 2, "model_dtype": "bf16"}},
          "fsdp_config": {"fsdp_size": 4}, "fsdp": {"param_offload": False}}
     )  # fmt: skip
-    assert _critic_fsdp_config(cfg) == {"param_offload": False, "fsdp_size": 4, "model_dtype": "bf16"}
-    assert _critic_fsdp_config(OmegaConf.create({"model": {}})) == {}
+    assert critic_fsdp_config(cfg) == {"param_offload": False, "fsdp_size": 4, "model_dtype": "bf16"}
+    assert critic_fsdp_config(OmegaConf.create({"model": {}})) == {}

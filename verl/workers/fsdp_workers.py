@@ -61,13 +61,13 @@ from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
 from verl.workers.worker_config import (
-    _check_supported,
-    _critic_fsdp_config,
-    _positive_int,
-    _private_config,
     check_old_log_prob_reuse,
+    check_supported,
     compute_dtype,
+    critic_fsdp_config,
     normalize_batch_sizes,
+    private_config,
+    require_positive_int,
 )
 
 # The training stack (FSDP2 and DTensor, the engines, the PPO actor and critic, HF's model code, the weight
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
     from verl.workers.weight_stream import BucketExporter
 
 ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
-_LOW_PRECISION = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 __all__ = ["ACTOR_ROLLOUT_REF_ROLES", "ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
 
@@ -143,19 +142,19 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
-        self.config = _private_config(config)
+        self.config = private_config(config)
         self.device_name = get_device_name(self.config.get("device", "auto"))
-        _check_supported(self.config.model)
+        check_supported(self.config.model)
         self.use_lora = lora_rank(self.config.model) > 0
         if self._is_actor:
             check_old_log_prob_reuse(self.config)
-            n = _positive_int(self.config.rollout.get("n", 1), "rollout.n")
+            n = require_positive_int(self.config.rollout.get("n", 1), "rollout.n")
             normalize_batch_sizes(self.config.actor, n, self.world_size, "actor")
             key = "rollout.log_prob_micro_batch_size_per_gpu"
-            _positive_int(self.config.rollout.get("log_prob_micro_batch_size_per_gpu"), key)
+            require_positive_int(self.config.rollout.get("log_prob_micro_batch_size_per_gpu"), key)
         if self._is_ref:
             key = "ref.log_prob_micro_batch_size_per_gpu"
-            _positive_int(self.config.get("ref", {}).get("log_prob_micro_batch_size_per_gpu"), key)
+            require_positive_int(self.config.get("ref", {}).get("log_prob_micro_batch_size_per_gpu"), key)
         self.tokenizer = None
         self.actor: DataParallelPPOActor | None = None
         self.rollout: BaseRollout | None = None
@@ -179,7 +178,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _forward_config(self, section: Any) -> DictConfig:
         """`section` (actor or ref config) with the model's forward-layout flags copied in."""
-        section = _private_config(section or {})
+        section = private_config(section or {})
         for key in ("use_remove_padding", "share_prompt_prefix"):
             section[key] = bool(self.config.model.get(key, False))
         return section
@@ -192,7 +191,7 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.engine.fsdp import FSDPEngineWithLMHead
 
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
-        optim_cfg = {**_private_config(actor_cfg.optim), "clip_grad": float(actor_cfg.get("grad_clip", 1.0))}
+        optim_cfg = {**private_config(actor_cfg.optim), "clip_grad": float(actor_cfg.get("grad_clip", 1.0))}
         self.actor_engine = FSDPEngineWithLMHead(
             self.config.model,
             actor_cfg.get("fsdp_config"),
@@ -236,13 +235,11 @@ class ActorRolloutRefWorker(Worker):
         if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
             self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
             return
-        fsdp_cfg = _private_config(
-            self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config")
-        )
+        fsdp_cfg = private_config(self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config"))
         dtype = compute_dtype(fsdp_cfg)
         # frozen: loading in the low-precision one of (model_dtype, compute dtype) gives the same forward
-        fsdp_cfg.model_dtype = dtype if dtype in _LOW_PRECISION else model_dtype(fsdp_cfg)
-        model_cfg = {**_private_config(self.config.model), "lora_rank": 0}  # the reference has no adapters
+        fsdp_cfg.model_dtype = dtype if dtype != "float32" else model_dtype(fsdp_cfg)  # compute_dtype: canonical
+        model_cfg = {**private_config(self.config.model), "lora_rank": 0}  # the reference has no adapters
         engine = FSDPEngineWithLMHead(
             model_cfg, fsdp_cfg, device=self.device_name, where="actor_rollout_ref.ref.fsdp_config", forward_only=True
         )
@@ -442,11 +439,13 @@ class CriticWorker(Worker):
 
     def __init__(self, config: Any):
         super().__init__()
-        self.config = _private_config(config)
+        self.config = private_config(config)
         self.device_name = get_device_name(self.config.get("device", "auto"))
-        n = _positive_int(self.config.get("rollout_n", 1), "critic.rollout_n")
+        n = require_positive_int(self.config.get("rollout_n", 1), "critic.rollout_n")
         normalize_batch_sizes(self.config, n, self.world_size, "critic")
-        _positive_int(self.config.get("forward_micro_batch_size_per_gpu"), "critic.forward_micro_batch_size_per_gpu")
+        require_positive_int(
+            self.config.get("forward_micro_batch_size_per_gpu"), "critic.forward_micro_batch_size_per_gpu"
+        )
         self.critic: DataParallelPPOCritic | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -464,10 +463,10 @@ class CriticWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
         )
-        optim_cfg = {**_private_config(self.config.optim), "clip_grad": float(self.config.get("grad_clip", 1.0))}
+        optim_cfg = {**private_config(self.config.optim), "clip_grad": float(self.config.get("grad_clip", 1.0))}
         self.critic_engine = FSDPEngineWithValueHead(
             model_cfg,
-            _critic_fsdp_config(self.config),
+            critic_fsdp_config(self.config),
             optim_cfg,
             self.config.get("checkpoint"),
             device=self.device_name,

@@ -1,8 +1,8 @@
 """The FSDP workers' config checks and normalisation, run in each worker before a model is built.
 
 Owns `normalize_batch_sizes` (verl's per-rank mini/micro batch sizes), `check_old_log_prob_reuse` (when the rollout's
-log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the private
-helpers `fsdp_workers` uses (`_private_config`, `_positive_int`, `_check_supported`, `_critic_fsdp_config`).
+log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the helpers
+`fsdp_workers` uses (`private_config`, `require_positive_int`, `check_supported`, `critic_fsdp_config`).
 `verl.workers.fsdp_workers` imports them, so its import path for them still works. Every error names the key and its
 value. Dtype spellings are `verl.utils.mixed_precision.canonical_dtype`'s.
 
@@ -18,17 +18,26 @@ from omegaconf import DictConfig, OmegaConf
 from verl.utils.mixed_precision import canonical_dtype, resolve_mixed_precision
 from verl.workers.lora import lora_rank
 
-__all__ = ["check_old_log_prob_reuse", "compute_dtype", "normalize_batch_sizes"]
+__all__ = [
+    "check_old_log_prob_reuse",
+    "check_supported",
+    "compute_dtype",
+    "critic_fsdp_config",
+    "normalize_batch_sizes",
+    "private_config",
+    "require_positive_int",
+]
 
 
-def _private_config(config: Any) -> DictConfig:
+def private_config(config: Any) -> DictConfig:
     """A resolved, writable copy of a config sub-tree (DictConfig or dict), so normalisation never leaks out."""
     if isinstance(config, DictConfig):
         return OmegaConf.create(OmegaConf.to_container(config, resolve=True))
     return OmegaConf.create(dict(config))
 
 
-def _positive_int(value: Any, key: str) -> int:
+def require_positive_int(value: Any, key: str) -> int:
+    """`value` as a positive int, or a ValueError naming `key` and the value."""
     if value is None or int(value) <= 0:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
     return int(value)
@@ -40,7 +49,7 @@ def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: 
     mini = ppo_mini_batch_size * n / world_size must be an integer; `ppo_micro_batch_size_per_gpu` is capped
     at that mini-batch and must divide it (unless `use_dynamic_bsz`). Errors name both numbers.
     """
-    prompts = _positive_int(section.get("ppo_mini_batch_size"), f"{prefix}.ppo_mini_batch_size")
+    prompts = require_positive_int(section.get("ppo_mini_batch_size"), f"{prefix}.ppo_mini_batch_size")
     samples = prompts * n
     if samples % world_size != 0:
         raise ValueError(
@@ -51,7 +60,7 @@ def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: 
     if section.get("use_dynamic_bsz", False):
         return
     key = f"{prefix}.ppo_micro_batch_size_per_gpu"
-    micro = min(_positive_int(section.get("ppo_micro_batch_size_per_gpu"), key), section.ppo_mini_batch_size)
+    micro = min(require_positive_int(section.get("ppo_micro_batch_size_per_gpu"), key), section.ppo_mini_batch_size)
     if section.ppo_mini_batch_size % micro != 0:
         raise ValueError(
             f"the per-rank mini-batch of {section.ppo_mini_batch_size} samples is not divisible by {key}={micro}"
@@ -59,7 +68,9 @@ def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: 
     section.ppo_micro_batch_size_per_gpu = micro
 
 
-def _check_supported(model_cfg: Any) -> None:
+def check_supported(model_cfg: Any) -> None:
+    """Refuse model settings the FSDP workers cannot honour (bad LoRA rank, a shared prompt prefix with gradient
+    checkpointing, `override_config`), before any model is loaded."""
     lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
     if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
         raise ValueError(
@@ -72,7 +83,7 @@ def _check_supported(model_cfg: Any) -> None:
         )
 
 
-def _critic_fsdp_config(config: Any) -> dict:
+def critic_fsdp_config(config: Any) -> dict:
     """The critic's engine config: verl 0.9.1's `critic.fsdp`, over the older `critic.fsdp_config`, over the legacy
     `critic.model.fsdp_config` (a key set in a later one wins)."""
     merged: dict = {}
