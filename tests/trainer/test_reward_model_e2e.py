@@ -88,7 +88,7 @@ def test_reward_model_scores_train_and_validation_without_a_rule_scorer(tiny_mod
     run_ppo(args, tmp_path)
     (step,) = _metrics_of(tmp_path / "run", 1)
     for key in ("critic/score/mean", "critic/score/max", "critic/score/min", "val/reward/mean"):
-        assert step[key] == pytest.approx(c, abs=1e-5), key
+        assert step[key] == pytest.approx(c, rel=1e-5), key  # float32 rounding differs by machine
     assert "timing_s/reward" in step
 
     # the same run without the reward model stops at start-up: nothing could score these rows
@@ -118,4 +118,4 @@ def test_custom_reward_function_decides_with_the_rm_score_in_its_own_pool(tiny_m
     run_ppo(args, tmp_path)
     (step,) = _metrics_of(tmp_path / "run", 1)
     for key in ("critic/score/mean", "critic/score/max", "critic/score/min"):
-        assert step[key] == pytest.approx(2 * c + 1, abs=1e-5), key
+        assert step[key] == pytest.approx(2 * c + 1, rel=1e-5), key  # float32 rounding differs by machine
