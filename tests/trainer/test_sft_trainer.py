@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.trainer.fsdp_sft_trainer import _forward, _to_device, run_sft, sft_loss
+from verl.trainer.fsdp_sft_trainer import _forward, _to_device, micro_batch_loss, run_sft, sft_loss
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.fsdp_utils import free_port
 
@@ -141,6 +141,31 @@ def test_batches_cut_to_longest_sequence_give_the_same_loss_and_gradients(tokeni
     assert results[0][1] == results[1][1]
     assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
     assert torch.allclose(results[0][2], results[1][2], atol=1e-5)
+
+
+def test_head_only_from_the_first_target_column_gives_the_same_loss_and_gradients(tokenizer, tiny_model_dir, tmp_path):
+    long_prompt = [{"role": "system", "content": "You can call tools. " * 6}] + TWO_TURNS[1:3]
+    path = _write(tmp_path, "chat.parquet", [{"messages": TWO_TURNS}, {"messages": long_prompt}])
+    dataset = SFTDataset(path, tokenizer, {"max_length": 256})
+    batch = _to_device({k: torch.stack([dataset[0][k], dataset[1][k]]) for k in dataset[0]}, "cpu")
+    # the column predicting the batch's first target token: row 0's first assistant reply starts earlier
+    first = int(batch["loss_mask"][:, 1:].any(0).nonzero()[0])
+    assert 10 < first and not batch["loss_mask"][:, : first + 1].any()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rows_projected = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: rows_projected.append(out.shape[1]))
+    results = []
+    for trim in (False, True):
+        model.zero_grad()
+        summed, count = micro_batch_loss(model, batch, trim)
+        summed.backward()
+        results.append((summed.detach(), count, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    width = batch["input_ids"].shape[1]
+    assert rows_projected == [width, width - first]  # the head skipped the prompt columns before `first`
+    assert results[0][1] == results[1][1] == batch["loss_mask"][:, 1:].sum()
+    assert torch.allclose(results[0][0], results[1][0], rtol=1e-6)
+    for name, grad in results[0][2].items():
+        assert torch.allclose(grad, results[1][2][name], rtol=1e-5, atol=1e-7), name
 
 
 # ------------------------------------------------------------------------------------------ trainer

@@ -15,6 +15,7 @@ Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, trackin
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
@@ -111,13 +112,32 @@ def _to_device(batch: dict[str, torch.Tensor], device: str) -> dict[str, torch.T
     return {k: v[:, :width].to(device) for k, v in batch.items()}
 
 
-def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], logits_to_keep: int = 0) -> torch.Tensor:
+    kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
     return model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"],
         use_cache=False,
+        **kwargs,
     ).logits
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+
+
+def micro_batch_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], trim: bool) -> tuple[torch.Tensor, ...]:
+    """`sft_loss` of one micro-batch. With `trim`, the LM head and the cross-entropy run only over the columns
+    from the one predicting the batch's first target token to the end (`logits_to_keep`, as HF models take it):
+    the prompt columns before it carry no loss, so loss and gradients are the same while the vocabulary
+    projection of the prompt tokens (most of each SFT row's tokens) is skipped."""
+    if not trim:
+        return sft_loss(_forward(model, micro), micro["input_ids"], micro["loss_mask"])
+    targets = micro["loss_mask"][:, 1:].any(0).nonzero()
+    first = int(targets[0]) if len(targets) else micro["input_ids"].size(1) - 2  # the column predicting it
+    logits = _forward(model, micro, logits_to_keep=micro["input_ids"].size(1) - first)
+    return sft_loss(logits, micro["input_ids"][:, first:], micro["loss_mask"][:, first:])
 
 
 def train_step(
@@ -137,9 +157,10 @@ def train_step(
     global_tokens = _all_reduce_sum(batch["loss_mask"][:, 1:].sum().float()).clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=global_tokens.device)
+    trim = _accepts_logits_to_keep(model)
     for start in range(0, batch["input_ids"].size(0), micro_batch_size):
         micro = {k: v[start : start + micro_batch_size] for k, v in batch.items()}
-        summed, _ = sft_loss(_forward(model, micro), micro["input_ids"], micro["loss_mask"])
+        summed, _ = micro_batch_loss(model, micro, trim)
         (summed / global_tokens * world_size).backward()
         loss_sum += summed.detach()
     grad_norm = float(clip_grad_norm_(model, clip_grad))
@@ -158,11 +179,12 @@ def validation_loss(model: torch.nn.Module, loader: DataLoader, micro_batch_size
     model.eval()
     loss_sum = torch.zeros((), device=device)
     tokens = torch.zeros((), device=device)
+    trim = _accepts_logits_to_keep(model)
     for batch in loader:
         batch = _to_device(batch, device)
         for start in range(0, batch["input_ids"].size(0), micro_batch_size):
             micro = {k: v[start : start + micro_batch_size] for k, v in batch.items()}
-            summed, count = sft_loss(_forward(model, micro), micro["input_ids"], micro["loss_mask"])
+            summed, count = micro_batch_loss(model, micro, trim)
             loss_sum += summed
             tokens += count
     model.train()
