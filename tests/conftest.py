@@ -17,12 +17,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (scripts/run_tests.sh)
+        _slow_files_first(items)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _slow_files_first(items):
+    """Order the files that hold a `slow` test before the others, keeping each file's own order: with
+    `--dist loadfile --no-loadscope-reorder` the workers take files in this order, so the long end-to-end files
+    start early and no worker is left running one of them alone at the end."""
+    has_slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in has_slow)  # a stable sort: the order within each group stays
 
 
 @pytest.fixture(scope="session")

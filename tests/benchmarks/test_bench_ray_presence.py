@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "bench_ray_presence.py")
 
@@ -17,6 +19,7 @@ def _child(threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.serial  # asserts wall time or CPU share: run alone (scripts/run_tests.sh)
 def test_the_measuring_process_computes_on_the_threads_it_is_given():
     one = _child(1)
     assert one["wall_s"] > 0 and one["cpu_s"] / one["wall_s"] < 1.2  # never more than one thread busy

@@ -152,6 +152,7 @@ def test_rows_are_scored_by_their_domains_type_in_the_original_order(pool, tiny_
     assert extra["acc"][4] == 1.0 and extra["acc"][7] == 0.0 and extra["acc"][2] is None
 
 
+@pytest.mark.serial  # asserts wall time or CPU share: run alone (scripts/run_tests.sh)
 def test_judge_group_scores_in_parallel_and_workers_report_system_metrics(pool, tiny_model_dir, judge_url):
     from verl.utils.tokenizer import hf_tokenizer
 

@@ -252,6 +252,7 @@ def test_gloo_all_reduce_between_the_actors(groups):
     assert groups[2].all_reduce(1.5) == [(2, 4.5), (2, 4.5)]
 
 
+@pytest.mark.serial  # asserts wall time or CPU share: run alone (scripts/run_tests.sh)
 def test_non_blocking_calls_on_two_groups_overlap(groups):
     start = time.monotonic()
     fut1 = groups[1].sleep(1.0)
@@ -277,6 +278,7 @@ def test_fused_roles_share_one_process_and_call_their_own_methods(fused):
         group.spawn(prefix_set=["ref"])
 
 
+@pytest.mark.serial  # asserts wall time or CPU share: run alone (scripts/run_tests.sh)
 def test_call_timeout_names_method_role_and_rank(fused):
     _, handles = fused
     critic = handles["critic"]

@@ -258,13 +258,16 @@ def prime_scorer(tmp_path):
     return str(path)
 
 
+@pytest.mark.serial  # asserts wall time or CPU share: run alone (scripts/run_tests.sh)
 def test_prime_parallel_timeout_and_dead_process(char_tokenizer, make_batch, prime_scorer):
-    fn = CustomRewardFunction(prime_scorer, "compute_score", {"delay": 0.8})
+    # a delay long against the processes' start (~2.5 s for four on a slow 2-core machine), so that side by side
+    # (delay + start) and one after another (4 x delay) are far apart
+    fn = CustomRewardFunction(prime_scorer, "compute_score", {"delay": 2.0})
     data = make_batch(["a", "b", "x", "y"], ["a", "b", "x", "q"], ["s"] * 4)
     manager = PrimeRewardManager(char_tokenizer, 0, compute_score=fn, num_processes=4, timeout_s=30)
     start = time.monotonic()
     out = manager(data, return_dict=True)
-    assert time.monotonic() - start < 4 * 0.8  # four 0.8 s samples side by side, not one after another
+    assert time.monotonic() - start < 4 * 2.0  # four 2 s samples side by side, not one after another
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 1.0, 1.0, 0.0]
     assert len(set(out["reward_extra_info"]["pid"])) == 4  # one process per sample
 
