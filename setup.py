@@ -27,7 +27,7 @@ setup(
         "psutil",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff", "peft"],
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],
         "gpu": ["vllm==0.32.*", "flash-attn"],
         "wandb": ["wandb"],
         "math": ["math-verify"],
