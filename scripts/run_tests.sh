@@ -13,6 +13,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WORKERS=${TEST_WORKERS:-2}
 
+for arg in "$@"; do
+  case "$arg" in
+    -m|-m*|--markexpr|--markexpr=*)
+      echo "error: scripts/run_tests.sh got '$arg'; its two passes select with -m themselves (\"not serial\", then" \
+        "serial): run a marker selection with pytest directly, e.g. .venv/bin/python -m pytest tests -m \"not slow\"" >&2
+      exit 2 ;;
+  esac
+done
+
 run_pass() {
   "$PY" -m pytest -q -x -p no:cacheprovider "$@"  # no path given: pyproject.toml's testpaths, tests/
   local rc=$?
