@@ -6,7 +6,8 @@
 #    holding `slow` tests first (tests/conftest.py) so that no worker ends up running a long end-to-end file alone;
 # 2. then the `serial` tests alone in one process: they assert wall time or CPU share (work done side by side,
 #    a timeout's bound, threads kept busy), which a second worker's load on the same cores would distort.
-# Extra arguments (paths, -k, --durations=N) go to both passes; with no path, pyproject.toml's testpaths (tests/). A pass that selects no test (pytest's exit code 5) counts as passed.
+# Extra arguments (paths, -k, --durations=N) go to both passes; with no path, pyproject.toml's testpaths (tests/).
+# A pass that selects no test (pytest's exit code 5) counts as passed; a -m of the caller's is refused.
 # Plain `pytest tests` still runs everything in one process, in file order.
 set -uo pipefail
 cd "$(dirname "$0")/.."

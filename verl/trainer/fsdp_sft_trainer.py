@@ -1,7 +1,7 @@
 """Supervised fine-tuning with FSDP2: `python -m verl.trainer.fsdp_sft_trainer key=value ...` or `run_sft(config)`.
 
 Owns the SFT loop: data loading (`SFTDataset` + `DistributedSampler`), the token-mean cross-entropy on
-assistant tokens, gradient accumulation over micro-batches, validation loss, logging, and HF-format checkpoints
+assistant tokens (the LM head applied only from a micro-batch's first target column on), gradient accumulation over micro-batches, validation loss, logging, and HF-format checkpoints
 `<trainer.default_local_dir>/global_step_<N>/` (full weights + tokenizer) that the PPO trainer loads as
 `actor_rollout_ref.model.path`.
 
@@ -127,7 +127,9 @@ def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(type(model).forward).parameters
 
 
-def micro_batch_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor], trim: bool) -> tuple[torch.Tensor, ...]:
+def micro_batch_loss(
+    model: torch.nn.Module, micro: dict[str, torch.Tensor], trim: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`sft_loss` of one micro-batch. With `trim`, the LM head and the cross-entropy run only over the columns
     from the one predicting the batch's first target token to the end (`logits_to_keep`, as HF models take it):
     the prompt columns before it carry no loss, so loss and gradients are the same while the vocabulary
