@@ -17,8 +17,9 @@ WORKERS=${TEST_WORKERS:-2}
 for arg in "$@"; do
   case "$arg" in
     -m|-m*|--markexpr|--markexpr=*)
-      echo "error: scripts/run_tests.sh got '$arg'; its two passes select with -m themselves (\"not serial\", then" \
-        "serial): run a marker selection with pytest directly, e.g. .venv/bin/python -m pytest tests -m \"not slow\"" >&2
+      echo "error: scripts/run_tests.sh got '$arg'; its two passes select with -m themselves (\"not serial\"," \
+        "then serial): run a marker selection with pytest directly, e.g." \
+        ".venv/bin/python -m pytest tests -m \"not slow\"" >&2
       exit 2 ;;
   esac
 done

@@ -1,7 +1,8 @@
 """Supervised fine-tuning with FSDP2: `python -m verl.trainer.fsdp_sft_trainer key=value ...` or `run_sft(config)`.
 
 Owns the SFT loop: data loading (`SFTDataset` + `DistributedSampler`), the token-mean cross-entropy on
-assistant tokens (the LM head applied only from a micro-batch's first target column on), gradient accumulation over micro-batches, validation loss, logging, and HF-format checkpoints
+assistant tokens (the LM head applied only from a micro-batch's first target column on), gradient accumulation
+over micro-batches, validation loss, logging, and HF-format checkpoints
 `<trainer.default_local_dir>/global_step_<N>/` (full weights + tokenizer) that the PPO trainer loads as
 `actor_rollout_ref.model.path`.
 
