@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -43,8 +45,30 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
-def _runner_processes() -> list[int]:
-    return [pid for pid in _processes_with(sandbox.RUNNER_PATH) if pid != os.getpid()]
+def _runner_processes(sandbox_root: Path) -> list[int]:
+    """Sandbox processes (supervisor and program) of the sandboxes made under `sandbox_root`: their command line
+    names the runner and their HOME is their sandbox's folder. Another test's sandboxes, running at the same time in
+    another pytest worker, are not this test's business."""
+    found = []
+    for pid in _processes_with(sandbox.RUNNER_PATH):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        homes = [var[len(b"HOME=") :].decode() for var in environ if var.startswith(b"HOME=")]
+        if pid != os.getpid() and homes and Path(homes[0]).is_relative_to(sandbox_root):
+            found.append(pid)
+    return found
+
+
+@pytest.fixture
+def sandbox_root(tmp_path, monkeypatch):
+    """The folder this test's sandboxes are made in (their temp dirs), so that `_runner_processes` sees only them."""
+    root = tmp_path / "sandboxes"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
 
 
 @pytest.fixture
@@ -79,7 +103,7 @@ HOSTILE_CASES = [pytest.param(name, None, id=name) for name in sorted(HOSTILE)] 
 
 
 @pytest.mark.parametrize(("name", "use_ns"), HOSTILE_CASES)
-def test_hostile_program_scores_zero_fast_and_leaves_nothing(name, use_ns, canary):
+def test_hostile_program_scores_zero_fast_and_leaves_nothing(name, use_ns, canary, sandbox_root):
     before = file_snapshot(canary)
     timeout_s = 1.0 if name in ("infinite_loop", "sleep_past_limit") else 5.0  # the rest must fail on their own
     start = time.monotonic()
@@ -100,7 +124,7 @@ def test_hostile_program_scores_zero_fast_and_leaves_nothing(name, use_ns, canar
         "huge_stdout": "output_limit",
     }.get(name, "runtime_error(1)")
     assert result.statuses == [expected], result.details
-    assert _runner_processes() == []
+    assert _runner_processes(sandbox_root) == []
     assert file_snapshot(canary) == before
 
 
@@ -206,6 +230,9 @@ def test_training_run_survives_hostile_programs_and_a_hanging_reward(tiny_model_
     before = file_snapshot(canary)
     data_dir = write_data(tmp_path, n_train=16)
     run_dir, tag = tmp_path / "run", uuid.uuid4().hex
+    sandbox_root = tmp_path / "sandboxes"  # the workers' temp dir (TMPDIR), where their sandboxes are made
+    sandbox_root.mkdir()
+    os.utime(sandbox_root, ns=(0, 0))
     args = grpo_args(
         tiny_model_dir,
         data_dir,
@@ -220,7 +247,9 @@ def test_training_run_survives_hostile_programs_and_a_hanging_reward(tiny_model_
         "reward_model.on_error=zero",
     )
     start = time.monotonic()
-    proc = run_ppo(args, cwd=tmp_path, tag=tag, CANARY_DIR=str(canary))
+    # Ray's own temp dir stays where it was (RAY_TMPDIR): its socket paths must stay short
+    ray_tmp = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    proc = run_ppo(args, cwd=tmp_path, tag=tag, CANARY_DIR=str(canary), TMPDIR=str(sandbox_root), RAY_TMPDIR=ray_tmp)
     assert time.monotonic() - start < 240
     assert "training finished" in proc.stdout
     (step,) = [json.loads(line) for line in open(run_dir / "logs" / "metrics.jsonl")]
@@ -230,5 +259,7 @@ def test_training_run_survives_hostile_programs_and_a_hanging_reward(tiny_model_
     assert step["reward_extra/reward_errors/mean"] == hangs / 16  # only the hanging calls failed
     assert step["timing_s/reward"] >= 3.0 * hangs
     assert file_snapshot(canary) == before
-    assert _runner_processes() == []
+    # sandboxes were made there (the folder changed) and every one removed
+    assert sandbox_root.stat().st_mtime_ns > 0 and list(sandbox_root.iterdir()) == []
+    assert _runner_processes(sandbox_root) == []
     assert wait_until_gone(tag) == [], "the run left processes behind"
