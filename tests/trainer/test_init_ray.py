@@ -1,5 +1,5 @@
 """`main_ppo.init_ray` starts a local Ray session with what a training run needs: Ray's GCS, raylet and agents,
-but not the dashboard head, the autoscaler monitor nor the log monitor (stopped once `ray.init` returns); the
+but not the dashboard head, the autoscaler monitor nor the log monitor (never started); the
 session still runs an actor, the actor's stdout and stderr still reach the driver's with Ray's prefix (a thread
 of the driver tails the worker files: `WorkerLogTail`), and it shuts down. Runs in a subprocess: the test session
 has its own Ray."""
@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.ray
 
 SCRIPT = """
-import json, sys, psutil, ray
+import json, os, sys, psutil, ray
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo import init_ray, shutdown_ray
 
@@ -31,8 +31,9 @@ answer = ray.get(ray.remote(lambda: 42).remote())
 speaker = Speaker.remote()
 said = ray.get(speaker.say.remote(7))
 cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+logs = sorted(os.listdir(ray._private.worker._global_node.get_logs_dir_path()))
 shutdown_ray()
-print(json.dumps({"answer": answer, "said": said, "cmds": cmds}))
+print(json.dumps({"answer": answer, "said": said, "cmds": cmds, "logs": logs}))
 """
 
 
@@ -46,6 +47,10 @@ def test_local_session_runs_without_dashboard_and_monitors_and_prints_worker_out
     assert "gcs_server" in cmds and "raylet" in cmds
     assert "dashboard/dashboard.py" not in cmds and "autoscaler/_private/monitor.py" not in cmds
     assert "log_monitor.py" not in cmds
+    # never started (each would have opened its log file), not started and stopped: each costs a process start
+    assert "raylet.out" in out["logs"] and "gcs_server.out" in out["logs"]
+    started = [name for name in out["logs"] if name.split(".")[0] in ("dashboard", "monitor", "log_monitor")]
+    assert started == [], started
     out_lines, err_lines = proc.stdout.splitlines(), proc.stderr.splitlines()
     speaker = [line for line in out_lines if line.startswith("(Speaker pid=")]
     assert [line.split(") ", 1)[1] for line in speaker] == ["to stdout 7", "no newline at the end"], proc.stdout

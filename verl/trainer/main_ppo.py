@@ -207,9 +207,9 @@ def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) 
 
 def init_ray(config: DictConfig) -> None:
     """Join the cluster at RAY_ADDRESS, or start a local Ray session with what a training run needs: no
-    dashboard, no autoscaler monitor, no pre-started idle worker. The object store keeps Ray's size: it is
-    reserved, not resident (only the pages of objects alive count), and async rollout puts whole state dicts
-    in it."""
+    dashboard, no autoscaler monitor, no log monitor (`_lean_head_node`), no pre-started idle worker. The object
+    store keeps Ray's size: it is reserved, not resident (only the pages of objects alive count), and async
+    rollout puts whole state dicts in it."""
     import ray
 
     if ray.is_initialized():
@@ -219,25 +219,58 @@ def init_ray(config: DictConfig) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return
     num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        runtime_env={"env_vars": env_vars},
-        log_to_driver=True,
-        configure_logging=True,
-        logging_level="WARNING",
-        # no idle worker pre-started for the driver (~80 MB): every worker of a run is an actor with its
-        # own runtime_env, which Ray starts in a process of its own anyway
-        _system_config={"prestart_worker_first_driver": False},
-    )
+    with _lean_head_node():
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            runtime_env={"env_vars": env_vars},
+            log_to_driver=True,
+            configure_logging=True,
+            logging_level="WARNING",
+            # no idle worker pre-started for the driver (~80 MB): every worker of a run is an actor with its
+            # own runtime_env, which Ray starts in a process of its own anyway
+            _system_config={"prestart_worker_first_driver": False},
+        )
     _stop_unused_ray_daemons()
 
 
 _LOG_TAIL = None  # the WorkerLogTail that prints the workers' output in place of Ray's log monitor
 
 
+@contextlib.contextmanager
+def _lean_head_node() -> Iterator[None]:
+    """While `ray.init` starts a local head node, keep it from starting the three daemons a training run does not
+    need (`_stop_unused_ray_daemons` names them): each is a Python process that imports much of Ray (~1 CPU-second
+    each on a small CPU), and `ray.init` waits for the dashboard head to come up. Ray's node parameters switch off
+    two of them (`no_monitor`, `include_log_monitor`); the dashboard head is left out the way Ray goes on when it
+    fails to start one (no process, no URL). Where Ray lacks these names (another version), nothing is changed and
+    `_stop_unused_ray_daemons` stops the daemons once they run."""
+    try:
+        from ray._private.node import Node
+
+        original_init, original_api_server = Node.__init__, Node.start_api_server
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def init(self, ray_params, *args, **kwargs):
+        ray_params.no_monitor = True
+        ray_params.include_log_monitor = False
+        original_init(self, ray_params, *args, **kwargs)
+
+    def start_api_server(self, **kwargs):
+        self._webui_url = None
+
+    Node.__init__, Node.start_api_server = init, start_api_server
+    try:
+        yield
+    finally:
+        Node.__init__, Node.start_api_server = original_init, original_api_server
+
+
 def _stop_unused_ray_daemons() -> None:
-    """Stop three daemons a local session starts that a training run does not need (~270 MB resident together):
+    """Stop three daemons a local session starts that a training run does not need (~270 MB resident together),
+    where `_lean_head_node` could not keep them from starting (Ray's kill is a no-op for a daemon never started):
     the dashboard head (started even with include_dashboard=False, to serve usage statistics), the autoscaler
     monitor (nothing to scale on one machine) and the log monitor, whose work (the workers' output in this
     console) a thread of this process does instead, reading the same local files (`WorkerLogTail`). Ray has no
