@@ -541,7 +541,10 @@ def test_a_grpo_run_with_rollout_correction_logs_its_metrics(tiny_model_dir, tmp
     from tests.ppo_e2e import grpo_args, run_ppo, write_data
 
     run_dir = tmp_path / "run"
-    args = grpo_args(tiny_model_dir, write_data(tmp_path, 8), run_dir, "trainer.save_freq=-1")
+    # in one process (trainer.single_process=true): the same worker and trainer code as under Ray, at ~12 CPU-s less
+    args = grpo_args(
+        tiny_model_dir, write_data(tmp_path, 8), run_dir, "trainer.save_freq=-1", "trainer.single_process=true"
+    )
     args += ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.total_training_steps=2", *overrides]
     run_ppo(args, tmp_path)
     rows = [json.loads(line) for line in open(run_dir / "logs" / "metrics.jsonl")]
