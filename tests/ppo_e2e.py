@@ -97,20 +97,20 @@ def start_ppo(args: list[str], cwd: Path, tag: str, log: Path, **env: str) -> su
         )
 
 
+def process_environ(pid: int) -> list[bytes] | None:
+    """The `NAME=value` entries a live process started with, None when it is gone or unreadable (a kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return None
+
+
 def tagged_processes(tag: str) -> list[int]:
     """Pids of live processes whose environment holds RUN_TAG_ENV=tag (the driver, Ray's daemons, workers)."""
     needle = f"{RUN_TAG_ENV}={tag}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(name))
-        except OSError:  # gone, or a kernel thread
-            continue
-    return found
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+    return [pid for pid in pids if needle in (process_environ(pid) or [])]
 
 
 def _proc_stat(pid: int) -> tuple[int, int, str] | None:

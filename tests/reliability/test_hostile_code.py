@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ppo_e2e import file_snapshot, grpo_args, run_ppo, wait_until_gone, write_data
+from tests.ppo_e2e import file_snapshot, grpo_args, process_environ, run_ppo, wait_until_gone, write_data
 from tests.reliability.fault_rewards import HOSTILE_PROGRAMS
 from verl.utils.reward_score import sandbox
 from verl.utils.reward_score.sandbox import namespaces_available, run_code_tests, run_tests
@@ -51,12 +51,7 @@ def _runner_processes(sandbox_root: Path) -> list[int]:
     another pytest worker, are not this test's business."""
     found = []
     for pid in _processes_with(sandbox.RUNNER_PATH):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-        except OSError:
-            continue
-        homes = [var[len(b"HOME=") :].decode() for var in environ if var.startswith(b"HOME=")]
+        homes = [var[len(b"HOME=") :].decode() for var in process_environ(pid) or [] if var.startswith(b"HOME=")]
         if pid != os.getpid() and homes and Path(homes[0]).is_relative_to(sandbox_root):
             found.append(pid)
     return found
