@@ -612,6 +612,7 @@ SFT_CASES = [
         ["train_batch_size/world_size=6", "micro_batch_size_per_gpu=4", "divisible"],
     ),
     Case("sft-bad-truncation", "sft", _sft("data.truncation=middle"), ["data.truncation='middle'", "allowed"]),
+    Case("sft-bad-pad-mode", "sft", _sft("data.pad_mode=left"), ["data.pad_mode='left'", "allowed", "no_padding"]),
     Case("sft-model-missing", "sft", _sft("model.partial_pretrain={inp}/no_model"), ["no_model"]),
 ]
 

@@ -62,6 +62,24 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(tokenizer, tmp_path):
     assert item["position_ids"][:n].tolist() == list(range(n))
 
 
+def test_each_row_is_tokenized_once_and_reads_back_the_same(tokenizer, tmp_path, monkeypatch):
+    path = _write(tmp_path, "chat.parquet", [{"messages": TWO_TURNS}, {"messages": TWO_TURNS[:3]}])
+    dataset = SFTDataset(path, tokenizer, {"max_length": 160, "truncation": "right"})
+    renders = []
+    real_render = type(tokenizer).apply_chat_template
+    monkeypatch.setattr(
+        type(tokenizer), "apply_chat_template", lambda *a, **k: renders.append(1) or real_render(*a, **k)
+    )
+    first = [dataset[i] for i in range(2)]
+    assert len(renders) == 7 + 4  # prefix renderings: 5 messages + 2 assistant headers, 3 messages + 1
+    ids, mask = dataset.tokenize(0)
+    ids.append(7), mask.append(1)  # a caller changing the lists does not change the kept rows
+    again = [dataset[i] for i in range(2)]
+    assert len(renders) == 11  # the second epoch renders nothing
+    for a, b in zip(first, again):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_prompt_response_columns(tokenizer, tmp_path):
     # two files (a parquet column holds one type): string prompts, then chat-list prompts
     strings = _write(tmp_path, "pr_str.parquet", [{"question": "What is 2+2?", "answer": "4"}])
@@ -166,6 +184,33 @@ def test_head_only_from_the_first_target_column_gives_the_same_loss_and_gradient
     assert torch.allclose(results[0][0], results[1][0], rtol=1e-6)
     for name, grad in results[0][2].items():
         assert torch.allclose(grad, results[1][2][name], rtol=1e-5, atol=1e-7), name
+
+
+def test_packed_examples_give_the_same_loss_and_gradients_as_the_padded_batch(tokenizer, tiny_model_dir, tmp_path):
+    long_prompt = [{"role": "system", "content": "You can call tools. " * 6}] + TWO_TURNS[1:3]
+    rows = [{"messages": TWO_TURNS}, {"messages": long_prompt}, {"messages": TWO_TURNS[:3]}]
+    dataset = SFTDataset(_write(tmp_path, "chat.parquet", rows), tokenizer, {"max_length": 256})
+    batch = _to_device({k: torch.stack([dataset[i][k] for i in range(3)]) for k in dataset[0]}, "cpu")
+    lengths = batch["attention_mask"].sum(-1)
+    assert len(set(lengths.tolist())) == 3  # rows 1 and 2 padded in the right-padded batch
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    head_rows = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: head_rows.append(out.shape[:2]))
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        summed, count = micro_batch_loss(model, batch, trim=True, packed=packed)
+        summed.backward()
+        results.append((summed.detach(), count, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    targets = int(batch["loss_mask"][:, 1:].sum())
+    # packed: one row of the 3 examples' real tokens, the head only at the positions predicting a target
+    assert head_rows[1] == (1, targets)
+    assert results[0][1] == results[1][1] == targets
+    # attention stays inside each example: a packed row attending across examples would change the loss
+    assert torch.allclose(results[0][0], results[1][0], rtol=1e-6)
+    for name, grad in results[0][2].items():
+        # summed in another order: ~3e-7 of the tensor's largest element (the random model's gradients reach ~30)
+        assert torch.allclose(grad, results[1][2][name], rtol=1e-5, atol=1e-6 * float(grad.abs().max())), name
 
 
 # ------------------------------------------------------------------------------------------ trainer

@@ -1,7 +1,8 @@
 """Supervised fine-tuning with FSDP2: `python -m verl.trainer.fsdp_sft_trainer key=value ...` or `run_sft(config)`.
 
 Owns the SFT loop: data loading (`SFTDataset` + `DistributedSampler`), the token-mean cross-entropy on
-assistant tokens (the LM head applied only from a micro-batch's first target column on), gradient accumulation
+assistant tokens (by default over each micro-batch's examples packed into one row without padding, the LM head
+applied only where a target token is predicted; `data.pad_mode=right`: right-padded), gradient accumulation
 over micro-batches, validation loss, logging, and HF-format checkpoints
 `<trainer.default_local_dir>/global_step_<N>/` (full weights + tokenizer) that the PPO trainer loads as
 `actor_rollout_ref.model.path`.
@@ -16,7 +17,6 @@ Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, trackin
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import shutil
@@ -46,12 +46,14 @@ from verl.utils.fsdp_utils import (
     load_causal_lm,
 )
 from verl.utils.tokenizer import hf_tokenizer
+from verl.workers.engine.model_forward import accepts_logits_to_keep, packed_logits
 
 __all__ = ["run_sft", "sft_loss", "default_sft_config"]
 
 CONFIG_PATH = os.path.join(os.path.dirname(__file__), "config", "sft_trainer.yaml")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LR_SCHEDULERS = ("cosine", "constant")
+PAD_MODES = ("no_padding", "right")
 
 
 def default_sft_config() -> DictConfig:
@@ -65,6 +67,8 @@ def default_sft_config() -> DictConfig:
 def _check_config(config: DictConfig, world_size: int) -> None:
     if config.model.dtype not in DTYPES:
         raise ValueError(f"model.dtype={config.model.dtype!r} is not supported; allowed: {list(DTYPES)}")
+    if config.data.pad_mode not in PAD_MODES:
+        raise ValueError(f"data.pad_mode={config.data.pad_mode!r} is not supported; allowed: {list(PAD_MODES)}")
     if config.optim.lr_scheduler not in LR_SCHEDULERS:
         raise ValueError(f"optim.lr_scheduler={config.optim.lr_scheduler!r} is not supported; allowed: {LR_SCHEDULERS}")
     bs, micro = int(config.data.train_batch_size), int(config.data.micro_batch_size_per_gpu)
@@ -124,23 +128,41 @@ def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], logits_to_k
     ).logits
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
-
-
 def micro_batch_loss(
-    model: torch.nn.Module, micro: dict[str, torch.Tensor], trim: bool
+    model: torch.nn.Module, micro: dict[str, torch.Tensor], trim: bool, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sft_loss` of one micro-batch. With `trim`, the LM head and the cross-entropy run only over the columns
-    from the one predicting the batch's first target token to the end (`logits_to_keep`, as HF models take it):
-    the prompt columns before it carry no loss, so loss and gradients are the same while the vocabulary
-    projection of the prompt tokens (most of each SFT row's tokens) is skipped."""
+    """`sft_loss` of one micro-batch (summed token loss, number of target tokens).
+
+    `packed` (`data.pad_mode=no_padding`): the rows' real tokens run as one packed row, attention kept inside each
+    example (`model_forward.packed_logits`), and the LM head runs only at the positions that predict a target
+    token: no compute on padding. Else the right-padded (bs, longest) batch; with `trim`, the LM head and the
+    cross-entropy run only over the columns from the one predicting the batch's first target token to the end
+    (`logits_to_keep`, as HF models take it): the prompt columns before it carry no loss, so loss and gradients are
+    the same while the vocabulary projection of the prompt tokens (most of each SFT row's tokens) is skipped."""
+    if packed:
+        return _packed_loss(model, micro)
     if not trim:
         return sft_loss(_forward(model, micro), micro["input_ids"], micro["loss_mask"])
     targets = micro["loss_mask"][:, 1:].any(0).nonzero()
     first = int(targets[0]) if len(targets) else micro["input_ids"].size(1) - 2  # the column predicting it
     logits = _forward(model, micro, logits_to_keep=micro["input_ids"].size(1) - first)
     return sft_loss(logits, micro["input_ids"][:, first:], micro["loss_mask"][:, first:])
+
+
+def _packed_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sft_loss` over the micro-batch's real tokens packed into one row. Token t of a row is a target where its
+    loss mask is set and t is not the row's first token (as `sft_loss` reads it); it is predicted at packed
+    position t - 1, which lies in the same example."""
+    valid = micro["attention_mask"].bool()
+    lengths = valid.sum(dim=1)
+    cu_seqlens = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+    input_ids = micro["input_ids"][valid]
+    is_target = micro["loss_mask"][valid].bool()
+    is_target[cu_seqlens[:-1][lengths > 0]] = False  # each example's first token
+    targets = is_target.nonzero().squeeze(1)
+    logits = packed_logits(model, input_ids, micro["position_ids"][valid], cu_seqlens, keep=targets - 1)
+    loss = F.cross_entropy(logits.float(), input_ids[targets], reduction="sum")
+    return loss, torch.tensor(float(targets.numel()), device=loss.device)
 
 
 def train_step(
@@ -150,6 +172,7 @@ def train_step(
     micro_batch_size: int,
     clip_grad: float,
     world_size: int,
+    packed: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on this rank's share of the global batch (tensors of shape (local_bs, seq_len)).
 
@@ -160,10 +183,10 @@ def train_step(
     global_tokens = _all_reduce_sum(batch["loss_mask"][:, 1:].sum().float()).clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=global_tokens.device)
-    trim = _accepts_logits_to_keep(model)
+    trim = accepts_logits_to_keep(model)
     for start in range(0, batch["input_ids"].size(0), micro_batch_size):
         micro = {k: v[start : start + micro_batch_size] for k, v in batch.items()}
-        summed, _ = micro_batch_loss(model, micro, trim)
+        summed, _ = micro_batch_loss(model, micro, trim, packed)
         (summed / global_tokens * world_size).backward()
         loss_sum += summed.detach()
     grad_norm = float(clip_grad_norm_(model, clip_grad))
@@ -177,17 +200,19 @@ def train_step(
 
 
 @torch.no_grad()
-def validation_loss(model: torch.nn.Module, loader: DataLoader, micro_batch_size: int, device: str) -> float:
+def validation_loss(
+    model: torch.nn.Module, loader: DataLoader, micro_batch_size: int, device: str, packed: bool = False
+) -> float:
     """Token-mean cross-entropy over the validation set (summed over all ranks)."""
     model.eval()
     loss_sum = torch.zeros((), device=device)
     tokens = torch.zeros((), device=device)
-    trim = _accepts_logits_to_keep(model)
+    trim = accepts_logits_to_keep(model)
     for batch in loader:
         batch = _to_device(batch, device)
         for start in range(0, batch["input_ids"].size(0), micro_batch_size):
             micro = {k: v[start : start + micro_batch_size] for k, v in batch.items()}
-            summed, count = micro_batch_loss(model, micro, trim)
+            summed, count = micro_batch_loss(model, micro, trim, packed)
             loss_sum += summed
             tokens += count
     model.train()
@@ -305,6 +330,7 @@ def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
     tokenizer = hf_tokenizer(config.model.partial_pretrain)
     local_bs = int(data_cfg.train_batch_size) // world_size
     micro_bs = int(data_cfg.micro_batch_size_per_gpu)
+    packed = data_cfg.pad_mode == "no_padding"
     train_set = SFTDataset(data_cfg.train_files, tokenizer, data_cfg)
     train_loader, train_sampler = _build_loader(train_set, local_bs, rank, world_size, shuffle=True, seed=seed)
     val_loader = None
@@ -350,14 +376,14 @@ def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
             start = time.perf_counter()
             step += 1
             metrics = train_step(
-                model, optimizer, _to_device(batch, device), micro_bs, optim_cfg["clip_grad"], world_size
+                model, optimizer, _to_device(batch, device), micro_bs, optim_cfg["clip_grad"], world_size, packed
             )
             metrics["train/lr"] = optimizer.param_groups[0]["lr"]
             lr_scheduler.step()
             metrics["train/epoch"] = epoch
             is_last = step >= total_steps
             if val_loader is not None and _due(step, trainer_cfg.test_freq, is_last):
-                metrics["val/loss"] = validation_loss(model, val_loader, micro_bs, device)
+                metrics["val/loss"] = validation_loss(model, val_loader, micro_bs, device, packed)
             if _due(step, trainer_cfg.save_freq, is_last):
                 last_saved = save_hf_checkpoint(model, tokenizer, trainer_cfg.default_local_dir, step, rank)
             metrics["timing_s/step"] = time.perf_counter() - start

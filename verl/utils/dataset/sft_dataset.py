@@ -91,6 +91,7 @@ class SFTDataset(Dataset):
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before building SFTDataset")
         self.rows: list[tuple[str, int, Any, Any]] = []  # (file, row index, prompt-or-messages, response)
+        self._tokenized: dict[int, tuple[list[int], list[int]]] = {}  # `tokenize`'s result, each row once per run
         self.multiturn: bool | None = None
         for path in self.parquet_files:
             self._read(path)
@@ -128,12 +129,18 @@ class SFTDataset(Dataset):
         return len(self.rows)
 
     def tokenize(self, index: int) -> tuple[list[int], list[int]]:
-        """Unpadded (token ids, loss mask) of row `index`."""
-        path, row, first, response = self.rows[index]
-        where = f"{path} row {row}"
-        if self.multiturn:
-            return self._tokenize_messages(_as_messages(first, f"{where} column '{self.messages_key}'"), where)
-        return self._tokenize_prompt_response(first, response, where)
+        """Unpadded (token ids, loss mask) of row `index`. Kept after the first call: an epoch after the first
+        renders no chat template again (each conversation's prefixes are rendered and tokenised one by one)."""
+        if index not in self._tokenized:
+            path, row, first, response = self.rows[index]
+            where = f"{path} row {row}"
+            if self.multiturn:
+                messages = _as_messages(first, f"{where} column '{self.messages_key}'")
+                self._tokenized[index] = self._tokenize_messages(messages, where)
+            else:
+                self._tokenized[index] = self._tokenize_prompt_response(first, response, where)
+        ids, mask = self._tokenized[index]
+        return list(ids), list(mask)
 
     def _tokenize_messages(self, messages: list[dict], where: str) -> tuple[list[int], list[int]]:
         """Tokenise a conversation; assistant turns (to their first eos) get loss_mask 1.

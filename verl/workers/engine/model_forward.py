@@ -61,6 +61,7 @@ from verl.workers.engine.prompt_attention import applies as prompt_blocks_apply
 
 __all__ = [
     "HeadSpec",
+    "accepts_logits_to_keep",
     "head_token_stats",
     "packed_logits",
     "prompt_group_order",
@@ -194,20 +195,22 @@ def _varlen_sdpa_attention(
     else:  # grouped-query attention: each kv head copied to the query heads that share it
         repeat = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
-    bounds = bounds.tolist()
     outputs = [
         F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            is_causal=True,
-            scale=scaling,
-            dropout_p=dropout if module.training else 0.0,
-            **grouped,
+            q, k, v, is_causal=True, scale=scaling, dropout_p=dropout if module.training else 0.0, **grouped
         )
-        for start, end in zip(bounds[:-1], bounds[1:])
+        for q, k, v in zip(*(_sequence_spans(states, bounds.tolist()) for states in (query, key, value)))
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _sequence_spans(states: torch.Tensor, bounds: list[int]) -> list[torch.Tensor]:
+    """The spans of `states` (1, heads, nnz, dim) between consecutive `bounds` along the token dimension. When the
+    spans tile the whole row, one `split`, whose backward is one concatenation of the spans' gradients; a slice
+    per span would give each span's gradient its own zero-filled (1, heads, nnz, dim) tensor, summed up."""
+    if bounds[0] == 0 and bounds[-1] == states.shape[2]:
+        return list(states.split([end - start for start, end in zip(bounds[:-1], bounds[1:])], dim=2))
+    return [states[:, :, start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
 
 def _cpu_grouped_sdpa_applies(
@@ -326,21 +329,37 @@ def _packed(
 
 
 def packed_logits(
-    module: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The model's output (`.logits`) at every token of packed sequences: (nnz, D).
+    """The model's output (`.logits`) at every token of packed sequences, (nnz, D), or at the packed positions
+    `keep` only, (len(keep), D).
 
     input_ids, position_ids: (nnz,) the sequences one after the other (no padding), each sequence's positions
-    from 0; cu_seqlens: (n + 1,) int, the sequence boundaries (0, len_0, len_0 + len_1, ...). Attention stays
-    inside each sequence (the packed layout above: flash-attention varlen on GPU, per-sequence SDPA on CPU).
+    from 0; cu_seqlens: (n + 1,) int, the sequence boundaries (0, len_0, len_0 + len_1, ...); keep: (K,) int
+    positions, passed to the model as `logits_to_keep` where its forward takes that (the LM head then runs on
+    those positions alone). Attention stays inside each sequence (the packed layout above: flash-attention
+    varlen on GPU, per-sequence SDPA on CPU).
     """
     bounds = cu_seqlens.to(device=input_ids.device, dtype=torch.int32)
     max_len = int((bounds[1:] - bounds[:-1]).max()) if bounds.numel() > 1 else 0
     _use_varlen_sdpa(module)
+    head_trim = keep is not None and accepts_logits_to_keep(module)
     out = module(
-        input_ids=input_ids.unsqueeze(0), position_ids=position_ids.unsqueeze(0), **_packed_kwargs(bounds, max_len)
-    )
-    return out.logits[0]
+        input_ids=input_ids.unsqueeze(0),
+        position_ids=position_ids.unsqueeze(0),
+        **({"logits_to_keep": keep} if head_trim else {}),
+        **_packed_kwargs(bounds, max_len),
+    ).logits[0]
+    return out if keep is None or head_trim else out[keep]
+
+
+def accepts_logits_to_keep(module: nn.Module) -> bool:
+    """Whether the model's forward takes HF's `logits_to_keep` (a HF causal LM does)."""
+    return "logits_to_keep" in inspect.signature(type(module).forward).parameters
 
 
 def _group_size_in_order(groups: torch.Tensor) -> int | None:
