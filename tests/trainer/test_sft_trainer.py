@@ -1,5 +1,6 @@
 """Tests for the SFT dataset (loss mask, padding, truncation, errors) and the FSDP2 SFT trainer (1 and 2 ranks)."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,7 +10,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.trainer.fsdp_sft_trainer import _forward, _to_device, micro_batch_loss, run_sft, sft_loss
+from verl.trainer.fsdp_sft_trainer import (
+    _forward,
+    _to_device,
+    build_model,
+    default_sft_config,
+    micro_batch_loss,
+    run_sft,
+    sft_loss,
+    step_thread_policy,
+)
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.fsdp_utils import free_port
 
@@ -211,6 +221,58 @@ def test_packed_examples_give_the_same_loss_and_gradients_as_the_padded_batch(to
     for name, grad in results[0][2].items():
         # summed in another order: ~3e-7 of the tensor's largest element (the random model's gradients reach ~30)
         assert torch.allclose(grad, results[1][2][name], rtol=1e-5, atol=1e-6 * float(grad.abs().max())), name
+
+
+def test_lean_activations_switch_the_layers_and_train_the_same(tokenizer, tiny_model_dir, tmp_path):
+    rows = [{"messages": TWO_TURNS}, {"messages": TWO_TURNS[:3]}]
+    dataset = SFTDataset(_write(tmp_path, "chat.parquet", rows), tokenizer, {"max_length": 256})
+    batch = _to_device({k: torch.stack([dataset[i][k] for i in range(2)]) for k in dataset[0]}, "cpu")
+    results = []
+    with _one_rank_group():
+        for lean in (False, True):
+            model_cfg = default_sft_config().model
+            model_cfg.update(partial_pretrain=tiny_model_dir, lean_activations=lean)
+            model = build_model(model_cfg, "cpu")
+            switched = [name for name, m in model.named_modules() if hasattr(m, "_hf_forward")]
+            summed, _ = micro_batch_loss(model, batch, trim=True, packed=True)
+            summed.backward()
+            grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+            results.append((switched, summed.detach(), grads))
+            layers = model.config.num_hidden_layers
+    assert results[0][0] == []
+    assert len(results[1][0]) == layers * 3 + 1  # per layer two RMSNorms and the MLP, and the final norm
+    assert torch.allclose(results[0][1], results[1][1], rtol=1e-6)
+    for name, grad in results[0][2].items():
+        assert torch.allclose(grad, results[1][2][name], rtol=1e-5, atol=1e-6 * float(grad.abs().max())), name
+
+
+@contextlib.contextmanager
+def _one_rank_group():
+    """A 1-rank gloo process group for FSDP2 (as `run_sft` makes when none exists)."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "env, adaptive",
+    [({}, True), ({"OMP_WAIT_POLICY": "PASSIVE"}, False), ({"VERL_ADAPTIVE_THREADS": "0"}, False)],
+)
+def test_cpu_steps_pick_their_thread_count_unless_threads_sleep_or_told_not_to(monkeypatch, env, adaptive):
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VERL_ADAPTIVE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    policy = step_thread_policy("cpu")
+    assert (policy is not None) == adaptive
+    if adaptive:
+        assert policy.share == torch.get_num_threads()  # at most torch's count
+    assert step_thread_policy("cuda") is None
+    monkeypatch.setenv("VERL_ADAPTIVE_THREADS", "yes")
+    with pytest.raises(ValueError, match="VERL_ADAPTIVE_THREADS must be 0 or 1, got 'yes'"):
+        step_thread_policy("cpu")
 
 
 # ------------------------------------------------------------------------------------------ trainer

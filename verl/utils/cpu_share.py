@@ -1,9 +1,10 @@
 """How many torch threads a CPU worker's next call computes with: its CPU share, less the cores the machine's other
 processes kept busy during its last call.
 
-Owns `ThreadPolicy` (the pick), `openmp_threads_spin` (how the OpenMP threads wait), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
-applies to every worker call) and `machine_busy_ticks` (the clock ticks the CPUs this process may run on spent
-busy, from /proc/stat).
+Owns `ThreadPolicy` (the pick), `openmp_threads_spin` (how the OpenMP threads wait), `adaptive_threads_wanted` (the
+`VERL_ADAPTIVE_THREADS` switch), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
+applies to every worker call), `measured_call` (one call under a given policy: the SFT trainer's steps) and
+`machine_busy_ticks` (the clock ticks the CPUs this process may run on spent busy, from /proc/stat).
 
 Why: between kernels a CPU worker's OpenMP threads either sleep (`OMP_WAIT_POLICY=PASSIVE`: every kernel wakes its
 partner, ~20% of an update micro-batch on the bench model) or spin for a while first (OpenMP's default, which CPU
@@ -34,6 +35,7 @@ import torch
 # libgomp's variables for how an idle OpenMP thread waits (torch's OpenMP on Linux); a worker group passes the
 # driver's to its CPU workers (`single_controller.base.worker.cpu_worker_threading_env`)
 OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+ADAPTIVE_THREADS_ENV = "VERL_ADAPTIVE_THREADS"  # 1: calls pick their thread count (this module), 0: torch's count kept
 MIN_WINDOW_S = 0.2  # a shorter window holds too few clock ticks (10 ms each) to tell
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -44,6 +46,14 @@ def openmp_threads_spin() -> bool:
     if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
         return False
     return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M")
+
+
+def adaptive_threads_wanted(default: str) -> bool:
+    """`VERL_ADAPTIVE_THREADS` (`default` when unset) is 1; 0 is False; another value is refused."""
+    raw = os.environ.get(ADAPTIVE_THREADS_ENV, default)
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ADAPTIVE_THREADS_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def machine_busy_ticks(cpus: set[int]) -> int | None:
@@ -137,11 +147,15 @@ def disable() -> None:
     _POLICY = None
 
 
+def worker_call() -> contextlib.AbstractContextManager[None]:
+    """The block is one worker call, measured under this process's policy (`measured_call`; none enabled: nothing)."""
+    return measured_call(_POLICY)
+
+
 @contextlib.contextmanager
-def worker_call() -> Iterator[None]:
-    """The block is one worker call: with a policy enabled in this process it runs with the thread count the policy
-    picks (`ThreadPolicy.start`) and is measured for the next (`ThreadPolicy.finish`); else nothing happens."""
-    policy = _POLICY
+def measured_call(policy: ThreadPolicy | None) -> Iterator[None]:
+    """The block runs with the thread count `policy` picks (`ThreadPolicy.start`) and is measured for its next pick
+    (`ThreadPolicy.finish`); with None nothing happens."""
     if policy is None:
         yield
         return

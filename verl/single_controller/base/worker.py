@@ -28,7 +28,7 @@ ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_R
 NUM_THREADS_ENV = "VERL_NUM_THREADS"
 # "1": each worker call computes with as many threads as the machine's other processes leave cores free (at most
 # VERL_NUM_THREADS; verl.utils.cpu_share); the worker groups set it for CPU workers unless the driver sets it
-ADAPTIVE_THREADS_ENV = "VERL_ADAPTIVE_THREADS"
+ADAPTIVE_THREADS_ENV = cpu_share.ADAPTIVE_THREADS_ENV
 RETAIN_FREED_MEMORY_ENV = "VERL_RETAIN_FREED_MEMORY"
 
 
@@ -93,10 +93,7 @@ def adaptive_threads_from_env(share: int | None) -> cpu_share.ThreadPolicy | Non
     """With `VERL_ADAPTIVE_THREADS=1`, enable this process's thread policy (`cpu_share`) for a share of `share`
     threads (torch's current count when None) and return it; else disable it and return None. Another value is
     refused."""
-    raw = os.environ.get(ADAPTIVE_THREADS_ENV, "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ADAPTIVE_THREADS_ENV} must be 0 or 1, got {raw!r}")
-    if raw == "0":
+    if not cpu_share.adaptive_threads_wanted(default="0"):
         cpu_share.disable()
         return None
     import torch
