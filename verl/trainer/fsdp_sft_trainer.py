@@ -12,7 +12,8 @@ the environment) every rank holds a shard of the weights and `train_batch_size /
 The loss is normalised by the number of target tokens of the whole global batch, so N ranks compute the same
 update as one rank on the same global batch.
 
-Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, tracking, dataset); no Ray.
+Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, tracking, dataset, cpu_share) and the
+engine's packed forward (verl.workers.engine.model_forward); no Ray.
 """
 
 from __future__ import annotations

@@ -195,11 +195,12 @@ def _varlen_sdpa_attention(
     else:  # grouped-query attention: each kv head copied to the query heads that share it
         repeat = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    bounds = bounds.tolist()
     outputs = [
         F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=scaling, dropout_p=dropout if module.training else 0.0, **grouped
         )
-        for q, k, v in zip(*(_sequence_spans(states, bounds.tolist()) for states in (query, key, value)))
+        for q, k, v in zip(*(_sequence_spans(states, bounds) for states in (query, key, value)))
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
