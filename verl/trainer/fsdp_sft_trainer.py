@@ -12,7 +12,7 @@ the environment) every rank holds a shard of the weights and `train_batch_size /
 The loss is normalised by the number of target tokens of the whole global batch, so N ranks compute the same
 update as one rank on the same global batch.
 
-Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, tracking, dataset, cpu_share) and the
+Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, tracking, dataset, cpu_share, packing) and the
 engine's packed forward (verl.workers.engine.model_forward); no Ray.
 """
 
@@ -47,6 +47,7 @@ from verl.utils.fsdp_utils import (
     init_distributed,
     load_causal_lm,
 )
+from verl.utils.packing import pack_tensor_dict
 from verl.utils.tokenizer import hf_tokenizer
 from verl.workers.engine.model_forward import accepts_logits_to_keep, packed_logits
 
@@ -155,15 +156,13 @@ def _packed_loss(model: torch.nn.Module, micro: dict[str, torch.Tensor]) -> tupl
     """`sft_loss` over the micro-batch's real tokens packed into one row. Token t of a row is a target where its
     loss mask is set and t is not the row's first token (as `sft_loss` reads it); it is predicted at packed
     position t - 1, which lies in the same example."""
-    valid = micro["attention_mask"].bool()
-    lengths = valid.sum(dim=1)
-    cu_seqlens = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-    input_ids = micro["input_ids"][valid]
-    is_target = micro["loss_mask"][valid].bool()
-    is_target[cu_seqlens[:-1][lengths > 0]] = False  # each example's first token
+    packed = pack_tensor_dict(micro)
+    cu_seqlens = packed["cu_seqlens"]
+    is_target = packed["loss_mask"].bool()
+    is_target[cu_seqlens[:-1][cu_seqlens.diff() > 0].long()] = False  # each example's first token
     targets = is_target.nonzero().squeeze(1)
-    logits = packed_logits(model, input_ids, micro["position_ids"][valid], cu_seqlens, keep=targets - 1)
-    loss = F.cross_entropy(logits.float(), input_ids[targets], reduction="sum")
+    logits = packed_logits(model, packed["input_ids"], packed["position_ids"], cu_seqlens, keep=targets - 1)
+    loss = F.cross_entropy(logits.float(), packed["input_ids"][targets], reduction="sum")
     return loss, torch.tensor(float(targets.numel()), device=loss.device)
 
 
