@@ -70,6 +70,24 @@ def test_rlvr_gives_exactly_the_engine_output(make_rollout, make_prompts, make_c
     assert (engine.num_generate_calls, engine.num_requests) == (1, 8)
 
 
+@pytest.mark.parametrize("row_by_row", [False, True], ids=["in_one_go", "row_by_row"])
+def test_rlvr_with_ignore_eos_keeps_every_token_as_the_engine_does(make_rollout, make_prompts, tokenizer, row_by_row):
+    """verl's `rollout.ignore_eos` on the default path: an eos in the middle of a response does not cut it."""
+    free = make_rollout(response_length=10).generate_sequences(make_prompts(TEXTS, seed=5))
+    eos = int(free.batch["responses"][0, 2])  # a token the model draws mid-response: the eos of the runs below
+    rollout = make_rollout(response_length=10, ignore_eos=True)
+    direct = rollout.generate_sequences(make_prompts(TEXTS, seed=5, eos_token_id=eos))
+    assert direct.batch["response_mask"].all()
+    workflow = (RLVRRowByRow if row_by_row else RLVRWorkflow)(rollout.config, tokenizer)
+    via = rollout_batch(rollout, make_prompts(TEXTS, seed=5, eos_token_id=eos), workflow)
+    via.batch.pop("rollout_accepted")
+    for key in direct.batch.keys():
+        assert torch.equal(via.batch[key], direct.batch[key]), key
+    cut = rollout_batch(make_rollout(response_length=10), make_prompts(TEXTS, seed=5, eos_token_id=eos),
+                        RLVRWorkflow(rollout.config, tokenizer))  # fmt: skip
+    assert cut.batch["response_mask"][0].tolist() == [1] * 3 + [0] * 7  # without it the row ends at that eos
+
+
 class RLVRRowByRow(RLVRWorkflow):
     """The same episode, overridden: `run_batch` then leaves the rows to `arun_episode`, one coroutine each."""
 

@@ -136,7 +136,8 @@ def _want_log_probs(engine: AsyncRolloutEngine) -> bool:
 
 def single_turn_row(engine: AsyncRolloutEngine, data: DataProto, resp: ModelResponse) -> DataProto:
     """The row `generate_sequences` would give for `data` with `resp` as its response (same fields and
-    values: response cut after the first eos, `rollout_log_probs` only with `rollout.calculate_log_probs`)."""
+    values: response cut after the first eos unless `rollout.ignore_eos`, `rollout_log_probs` only with
+    `rollout.calculate_log_probs`)."""
     return single_turn_rows(engine, data, [resp])
 
 
@@ -149,7 +150,9 @@ def single_turn_rows(engine: AsyncRolloutEngine, data: DataProto, resps: list[Mo
         log_probs = torch.zeros(responses.shape, dtype=torch.float32)
         for i, resp in enumerate(resps):
             log_probs[i, : len(resp.output_logprobs)] = torch.tensor(resp.output_logprobs, dtype=torch.float32)
-    return build_rollout_output(_prompt_part(data), responses, engine.eos_token_id, engine.pad_token_id, log_probs)
+    # with rollout.ignore_eos every generated token is in the response, as the engine's own rows have it
+    stop_ids = [] if engine.config.get("ignore_eos", False) else engine.eos_token_id
+    return build_rollout_output(_prompt_part(data), responses, stop_ids, engine.pad_token_id, log_probs)
 
 
 def trajectory_row(
