@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 from tests.workers.test_hf_rollout import make_prompts, rollout_config
 from verl.utils.torch_functional import cache_kwarg
 from verl.workers.engine.model_forward import VARLEN_SDPA
-from verl.workers.rollout import shared_prefix
+from verl.workers.rollout import decode_kernel, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
 
 
@@ -38,15 +38,31 @@ def _reference_attention(q, prefix_k, prefix_v, prefix_pad, groups, suffix_k, su
     ],
     ids=["uneven", "grid"],
 )
-def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave(rows):
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim,fused",
+    [
+        (4, 2, 8, False),  # torch's ops (a head size the fused kernel does not take)
+        (4, 2, 64, False),  # torch's ops, VERL_DECODE_KERNEL=0
+        (4, 2, 64, True),  # the fused kernel: 2 query heads per KV head, 64 columns per block
+        (3, 3, 32, True),  # one query head per KV head, a 32-column block
+        (6, 2, 96, True),  # 3 per KV head (a pair and a single), 64 + 32 columns
+    ],
+)
+def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave(rows, heads, kv_heads, dim, fused,
+                                                                                monkeypatch):  # fmt: skip
+    monkeypatch.setenv(decode_kernel.ENV_SWITCH, "1" if fused else "0")
+    if fused and not decode_kernel.available():
+        pytest.skip("no C compiler: the fused decode kernel cannot be built here")
     torch.manual_seed(0)
-    heads, kv_heads, dim, prompt_len, steps = 4, 2, 8, 5, 3
+    prompt_len, steps = 37, 35  # more than one tile of keys (32) in both parts, the last ones partial
     groups = torch.tensor(rows)
-    prompt_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    prompt_mask = torch.ones(3, prompt_len, dtype=torch.long)
+    prompt_mask[1, :5], prompt_mask[2, :33] = 0, 0  # left padding, the last prompt's across a tile boundary
     prefix_k, prefix_v = torch.randn(3, kv_heads, prompt_len, dim), torch.randn(3, kv_heads, prompt_len, dim)
     cache = shared_prefix.SharedPrefixCache(num_layers=1, capacity=steps)
     cache.layers[0].update(prefix_k, prefix_v)  # the prefill
     cache.start_decode(groups, prompt_mask)
+    assert cache.layers[0].fused == fused
     assert cache.fills_grid == (rows == [0, 0, 1, 1, 2, 2])
     assert cache.get_seq_length() == prompt_len
     suffix_k, suffix_v = torch.empty(6, kv_heads, 0, dim), torch.empty(6, kv_heads, 0, dim)
@@ -59,7 +75,14 @@ def test_attention_equals_sdpa_over_each_rows_full_cache_also_after_rows_leave(r
         new_k, new_v = torch.randn(len(groups), kv_heads, 1, dim), torch.randn(len(groups), kv_heads, 1, dim)
         keys, values = cache.layers[0].update(new_k, new_v)
         suffix_k, suffix_v = torch.cat([suffix_k, new_k], dim=2), torch.cat([suffix_v, new_v], dim=2)
-        torch.testing.assert_close(keys, suffix_k, rtol=0, atol=0)
+        torch.testing.assert_close(values, suffix_v, rtol=0, atol=0)
+        if fused:  # the keys went into the kernel's tiles: (rows, kv_heads, tiles, dim, TILE)
+            assert keys is None
+            tiles = cache.layers[0].key_buffer
+            written = tiles.transpose(-1, -2).reshape(len(groups), kv_heads, -1, dim)[:, :, : step + 1]
+            torch.testing.assert_close(written, suffix_k, rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(keys, suffix_k, rtol=0, atol=0)
         q = torch.randn(len(groups), heads, 1, dim)
         out, _ = shared_prefix._shared_prefix_attention(_Layer(), q, keys, values, None, shared_prefix=cache)
         ref = _reference_attention(q, prefix_k, prefix_v, prompt_mask == 0, groups, suffix_k, suffix_v)

@@ -29,6 +29,7 @@ from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
 
 from verl.utils.torch_functional import attention_implementation, plain_sdpa_attention
+from verl.workers.rollout import decode_kernel
 
 ATTENTION_NAME = "verl_shared_prefix"
 
@@ -53,34 +54,61 @@ def write_in_place(layer: Any, key_states: torch.Tensor, value_states: torch.Ten
 
 class _SharedPrefixLayer(DynamicLayer):
     """One layer's cache: the distinct prompts' keys/values (G, kv_heads, P, head_dim) as the prefill computed
-    them, and a per-row buffer of `capacity` positions for the response tokens, written in place."""
+    them, and a per-row buffer of `capacity` positions for the response tokens, written in place.
+
+    Where the fused kernel decodes (`fused`: float32 on the CPU, `decode_kernel`), the prompts' keys and the response
+    key buffer are held in the kernel's tiled layout (`prefix_key_tiles`, `key_buffer` (rows, kv_heads, tiles,
+    head_dim, TILE)) and `update` returns no keys (the kernel reads the buffers)."""
 
     def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
         self.length = 0  # response positions written
         self.prefix_keys: torch.Tensor | None = None
+        self.fused = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.prefix_keys is None:  # the prefill of the distinct prompts
+        if not self.is_initialized:  # the prefill of the distinct prompts
             self.dtype, self.device = key_states.dtype, key_states.device
             self.prefix_keys, self.prefix_values = key_states, value_states
             self.keys, self.values = key_states, value_states
             self.is_initialized = True
             return key_states, value_states
-        return write_in_place(self, key_states, value_states)
+        if not self.fused:
+            return write_in_place(self, key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache of {self.capacity} positions is full (needs {end})")
+        for offset in range(key_states.shape[-2]):
+            decode_kernel.write_tiled(self.key_buffer, self.length + offset, key_states[:, :, offset : offset + 1])
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        return None, self.value_buffer[:, :, :end]
 
     def start_decode(self, rows: int) -> None:
-        # laid out once as the decode matmuls read them (keys transposed): else every step copies them
-        self.prefix_keys_t = self.prefix_keys.transpose(-1, -2).contiguous()
-        self.prefix_keys = self.keys = self.prefix_keys_t.transpose(-1, -2)  # the prefill's copies are freed
+        _, heads, prompt_len, dim = self.prefix_keys.shape
+        self.prompt_len = prompt_len
+        self.fused = decode_kernel.applies(dim, self.dtype, self.device)
+        # laid out once as the decode reads them (the prefill's copies are freed): tiles of keys for the fused
+        # kernel, keys transposed for torch's matmuls (else every step copies them)
+        if self.fused:
+            self.prefix_key_tiles = decode_kernel.tile_keys(self.prefix_keys)
+            capacity = decode_kernel.tiled_capacity(self.capacity)
+            self.key_buffer = self.prefix_keys.new_empty(rows, heads, capacity // decode_kernel.TILE, dim,
+                                                         decode_kernel.TILE)  # fmt: skip
+        else:
+            self.prefix_keys_t = self.prefix_keys.transpose(-1, -2).contiguous()
+            self.prefix_keys = self.keys = self.prefix_keys_t.transpose(-1, -2)
+            capacity = self.capacity
+            self.key_buffer = self.prefix_keys.new_empty(rows, heads, capacity, dim)
+        self.value_buffer = self.prefix_values.new_empty(rows, heads, capacity, dim)
         self.prefix_values = self.values = self.prefix_values.contiguous()
-        _, heads, _, dim = self.prefix_keys.shape
-        self.key_buffer = self.prefix_keys.new_empty(rows, heads, self.capacity, dim)
-        self.value_buffer = self.prefix_values.new_empty(rows, heads, self.capacity, dim)
+        if self.fused:
+            self.prefix_keys = self.keys = None  # the tiles hold them
+            self.values = self.prefix_values
 
     def get_seq_length(self) -> int:
-        return 0 if self.prefix_keys is None else self.prefix_keys.shape[-2] + self.length
+        return self.prefix_values.shape[-2] + self.length if self.is_initialized else 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
@@ -109,6 +137,10 @@ class SharedPrefixCache(Cache):
             layer.start_decode(len(groups))
         # the prompts' padding as an additive -inf bias of the packed scores, (prompts * kv_heads, 1, P): `attend`'s
         # matmul adds it (baddbmm) instead of masking the scores in a pass of its own
+        if self.layers[0].fused:  # the fused kernel's form: a bias of whole tiles of keys
+            self.prefix_bias = decode_kernel.prompt_bias(prompt_mask)
+            self._check_fused_layout()
+            return
         kv_heads = self.layers[0].prefix_keys.shape[1]
         bias = torch.zeros(prompt_mask.shape, dtype=self.layers[0].dtype, device=prompt_mask.device)
         bias.masked_fill_(~prompt_mask.bool(), -math.inf)
@@ -118,6 +150,7 @@ class SharedPrefixCache(Cache):
         """places: (rows,) each row's place in the (prompts * group_size) grid. When the rows fill the grid in its
         order (GRPO's n samples of each prompt, before any row finished), packing is a transpose, no scatter."""
         self.places = places
+        self.groups = torch.div(places, self.group_size, rounding_mode="floor").to(torch.int64).contiguous()
         grid = self.num_prompts * self.group_size
         self.fills_grid = len(places) == grid and bool((places == torch.arange(grid, device=places.device)).all())
 
@@ -125,6 +158,13 @@ class SharedPrefixCache(Cache):
         self._set_rows(self.places[indices])
         for layer in self.layers:
             layer.batch_select_indices(indices)
+        if self.layers[0].fused:
+            self._check_fused_layout()
+
+    def _check_fused_layout(self) -> None:
+        for layer in self.layers:
+            decode_kernel.check_layout(layer.prefix_key_tiles, layer.prefix_values, self.prefix_bias,
+                                       layer.key_buffer, layer.value_buffer)  # fmt: skip
 
     def _pack(self, rows: torch.Tensor) -> torch.Tensor:
         """(rows, kv_heads, q, x) -> (prompts, kv_heads, group_size * q, x): each prompt's rows as extra queries
@@ -171,11 +211,20 @@ def attend(
 ) -> torch.Tensor:
     """The attention of one decode step at one layer of `cache`: query (rows, heads, 1, head_dim) against each row's
     prompt (the layer's shared copy) and its own response keys/values `key`/`value` (rows, kv_heads, L, head_dim),
-    one softmax over both. Returns (rows, kv_heads, heads // kv_heads, head_dim): the heads in HF's order."""
+    one softmax over both. Returns (rows, kv_heads, heads // kv_heads, head_dim): the heads in HF's order.
+
+    `key`/`value` are the written part of the layer's response buffers (what its `update` returned); where the
+    layer decodes through the fused kernel (`decode_kernel`, float32 on CPU) it reads the buffers themselves and
+    `key` is None."""
     rows, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
+    kv_heads = value.shape[1]
     per_kv = heads // kv_heads  # query heads sharing one KV head (HF's repeat_kv order)
     q = query.reshape(rows, kv_heads, per_kv, dim) * (dim**-0.5 if scaling is None else scaling)
+    if layer.fused:
+        return decode_kernel.shared_prefix_attention(
+            q, layer.prefix_key_tiles, layer.prefix_values, cache.prefix_bias, cache.groups,
+            layer.key_buffer, layer.value_buffer, layer.length,
+        )  # fmt: skip
     prompt_len = layer.prefix_keys.shape[2]
     packed = cache._pack(q)  # (prompts, kv_heads, group_size * per_kv, dim)
     # the padding masked once per prompt, before its scores are copied to its rows
