@@ -25,6 +25,7 @@ setup(
         "tqdm",
         "matplotlib",
         "psutil",
+        "scipy-openblas32>=0.3.27",  # verl.utils.cpu_blas: CPU float32 matrix products on AMD processors
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],

@@ -115,6 +115,8 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours-single_process": FAST + ["trainer.single_process=true"],  # the worker in the driver, no Ray
     "ours-ray_nice15": FAST,  # the Ray worker at Ray's own default priority (nice 15), as before this change
     "ours-passive": FAST,  # the worker's OpenMP threads sleep between kernels (the worker group's setting before)
+    "ours-mkl": FAST,  # CPU matrix products with torch's MKL (VERL_CPU_BLAS=torch), as before verl.utils.cpu_blas
+    "ours-single_process-mkl": FAST + ["trainer.single_process=true"],  # the same in one process
     "ours-defaults": [],
     "ours-not_lean": REUSE + REMOVE_PADDING + SHARE_PROMPT,  # HF's RMSNorm/MLP backward (more saved activations)
     "ours+reuse_logprobs": REUSE,
@@ -127,6 +129,8 @@ OURS_VARIANTS: dict[str, list[str]] = {
 OURS_VARIANT_ENV: dict[str, dict[str, str]] = {
     "ours-ray_nice15": {"RAY_worker_niceness": "15"},
     "ours-passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "ours-mkl": {"VERL_CPU_BLAS": "torch"},
+    "ours-single_process-mkl": {"VERL_CPU_BLAS": "torch"},
 }
 
 

@@ -1,4 +1,5 @@
-"""Tests of the fused CPU decode-attention kernel's build and guards (verl/workers/rollout/decode_kernel.py). Its
+"""Tests of the fused CPU decode-attention kernel's build (verl/utils/native_build.py) and guards
+(verl/workers/rollout/decode_kernel.py). Its
 numbers against an independent sdpa are checked in tests/workers/test_shared_prefix.py, and a whole generation
 with it against the per-row cache there too."""
 
@@ -8,6 +9,7 @@ import os
 import pytest
 import torch
 
+from verl.utils import native_build
 from verl.workers.rollout import decode_kernel, shared_prefix
 
 
@@ -29,7 +31,7 @@ def _cache(dim=32):
 
 
 def test_builds_once_into_the_users_cache_and_reuses_it(fresh_build):
-    if decode_kernel._compiler() is None:
+    if native_build.compiler() is None:
         pytest.skip("no C compiler here")
     assert decode_kernel.available()
     built = list((fresh_build / "verl" / "kernels").glob("decode_attention_*.so"))
@@ -43,18 +45,17 @@ def test_builds_once_into_the_users_cache_and_reuses_it(fresh_build):
 
 
 def test_without_a_compiler_the_torch_path_decodes(fresh_build, monkeypatch):
-    monkeypatch.setattr(decode_kernel, "_compiler", lambda: None)
+    monkeypatch.setattr(native_build, "compiler", lambda: None)
     assert not decode_kernel.available()
     assert not _cache().layers[0].fused
 
 
 def test_a_failed_build_warns_once_and_falls_back(fresh_build, monkeypatch, caplog):
-    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    monkeypatch.setattr(decode_kernel, "_compiler", lambda: "false")
-    with caplog.at_level(logging.WARNING, logger=decode_kernel.__name__):
+    monkeypatch.setattr(native_build, "compiler", lambda: "false")  # a "compiler" that always fails
+    with caplog.at_level(logging.WARNING, logger=native_build.__name__):
         assert not decode_kernel.available()
         assert not decode_kernel.available()
-    assert [r.getMessage().startswith("decode attention kernel: false failed") for r in caplog.records] == [True]
+    assert [r.getMessage().startswith("decode_attention: false failed") for r in caplog.records] == [True]
     assert not _cache().layers[0].fused
 
 

@@ -6,7 +6,8 @@ Owns reading a process's place in its group from the environment the worker grou
 (the process's CPU share: torch's intra-op threads are set to it at start, since Ray sets OMP_NUM_THREADS=1),
 `VERL_ADAPTIVE_THREADS` (1: each call's thread count follows the machine's load, `verl.utils.cpu_share`),
 `VERL_RETAIN_FREED_MEMORY` (default 1: glibc's allocator keeps the memory a step frees for the next step; 0 leaves
-glibc's defaults).
+glibc's defaults), `VERL_CPU_BLAS` (default auto: CPU float32 matrix products through OpenBLAS on AMD processors,
+`verl.utils.cpu_blas`).
 Rank 0 of a group is started without `MASTER_ADDR`/`MASTER_PORT`; it picks its node's IP and a free port
 and the group hands them to the other ranks.
 
@@ -22,7 +23,7 @@ import os
 import socket
 
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils import cpu_share
+from verl.utils import cpu_blas, cpu_share
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 NUM_THREADS_ENV = "VERL_NUM_THREADS"
@@ -79,13 +80,13 @@ def set_torch_threads_from_env() -> int | None:
 
 def cpu_worker_threading_env() -> dict[str, str]:
     """The threading variables a worker group gives a CPU worker process: `VERL_ADAPTIVE_THREADS=1` (`cpu_share`)
-    unless the driver sets it, and the driver's own `OMP_WAIT_POLICY` / `GOMP_SPINCOUNT` where it sets them (a worker
-    on another node would not see them). Otherwise OpenMP waits its own way (libgomp, torch's on Linux: an idle
-    thread spins a while, then sleeps): ~20% faster updates than sleeping at once (`OMP_WAIT_POLICY=PASSIVE`, the
-    setting before), and on a busy machine, where spinning threads wait for partners the other processes hold up,
-    `cpu_share` computes with fewer threads."""
+    unless the driver sets it, and the driver's own `OMP_WAIT_POLICY` / `GOMP_SPINCOUNT` and `VERL_CPU_BLAS`
+    (`cpu_blas`) where it sets them (a worker on another node would not see them). Otherwise OpenMP waits its own way
+    (libgomp, torch's on Linux: an idle thread spins a while, then sleeps): ~20% faster updates than sleeping at once
+    (`OMP_WAIT_POLICY=PASSIVE`, the setting before), and on a busy machine, where spinning threads wait for partners
+    the other processes hold up, `cpu_share` computes with fewer threads."""
     env = {ADAPTIVE_THREADS_ENV: os.environ.get(ADAPTIVE_THREADS_ENV, "1")}
-    env.update({key: os.environ[key] for key in cpu_share.OPENMP_WAIT_ENV if key in os.environ})
+    env.update({key: os.environ[key] for key in (*cpu_share.OPENMP_WAIT_ENV, cpu_blas.ENV) if key in os.environ})
     return env
 
 
@@ -154,6 +155,7 @@ class Worker:
             )
         self._num_threads = set_torch_threads_from_env()
         self._retains_freed_memory = retain_freed_memory_from_env()
+        self._cpu_blas = cpu_blas.prepare()  # VERL_CPU_BLAS: the training passes' CPU products through OpenBLAS
         adaptive_threads_from_env(self._num_threads)  # the process's policy lives in cpu_share (read by @register)
 
     @property

@@ -1,7 +1,7 @@
 """A fused CPU kernel for one decode step's attention against a `shared_prefix.SharedPrefixCache`.
 
-Owns the kernel's C source, its build (gcc or cc, at first use, into a per-user cache keyed by the source, the flags
-and the CPU), `available` and `shared_prefix_attention`, the call that `shared_prefix.attend` makes when the kernel
+Owns the kernel's C source, its build (`verl.utils.native_build`: gcc or cc at first use, cached per user and CPU),
+`available` and `shared_prefix_attention`, the call that `shared_prefix.attend` makes when the kernel
 applies.
 
 Why: a decode step's attention reads every row's response keys and values once per layer, and at long responses that
@@ -18,24 +18,18 @@ the same attention as the torch path up to float rounding (~1e-6: a different su
 a degree-6 polynomial after range reduction, relative error ~1e-7). When no C compiler is found, the build fails or
 `VERL_DECODE_KERNEL=0`, the torch path runs (one notice line when a build was tried and failed).
 
-Layer 5: imports torch and the standard library only; must not import Ray.
+Layer 5: imports torch and verl.utils.native_build only; must not import Ray.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 
 import torch
 
-logger = logging.getLogger(__name__)
+from verl.utils import native_build
 
 ENV_SWITCH = "VERL_DECODE_KERNEL"  # 0: always the torch path; 1 (default): the kernel where it applies
 
@@ -221,58 +215,17 @@ void shared_prefix_attention(const float *q, const float *pk, const float *pv, c
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared"]
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
 
 
-def _cpu_signature() -> str:
-    """What `-march=native` compiles for: the CPU's model name and flags (a cache on a shared home directory must
-    not hand one machine's build to another)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return os.uname().machine
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "verl", "kernels")
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "gcc", "cc"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 def _build() -> ctypes.CDLL | None:
-    """The compiled kernel (built once per source, flags and CPU; reused from the cache after), or None."""
-    compiler = _compiler()
-    if compiler is None or not sys.platform.startswith("linux"):
-        return None
-    key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), compiler, _cpu_signature()]).encode()).hexdigest()
-    path = os.path.join(_cache_dir(), f"decode_attention_{key[:16]}.so")
-    if not os.path.isfile(path):
-        os.makedirs(_cache_dir(), exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
-            source, built = os.path.join(tmp, "kernel.c"), os.path.join(tmp, "kernel.so")
-            with open(source, "w", encoding="utf-8") as f:
-                f.write(_SOURCE)
-            done = subprocess.run([compiler, *_FLAGS, source, "-o", built], capture_output=True, text=True)
-            if done.returncode != 0:
-                logger.warning("decode attention kernel: %s failed (%s); using torch's ops", compiler,
-                               done.stderr.strip().splitlines()[-1:] or done.returncode)  # fmt: skip
-                return None
-            os.replace(built, path)  # atomic: a process racing this one loads either build, both complete
-    library = ctypes.CDLL(path)
-    fn = library.shared_prefix_attention
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 7 + [ctypes.c_int]
+    library = native_build.build_library("decode_attention", _SOURCE)
+    if library is not None:
+        fn = library.shared_prefix_attention
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 7 + [ctypes.c_int]
     return library
 
 
@@ -287,11 +240,7 @@ def available() -> bool:
     with _lock:
         if not _tried:
             _tried = True
-            try:
-                _library = _build()
-            except OSError as e:  # an unwritable cache, a library that does not load
-                logger.warning("decode attention kernel unavailable (%s); using torch's ops", e)
-                _library = None
+            _library = _build()
     return _library is not None
 
 

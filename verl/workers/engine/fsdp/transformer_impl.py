@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.utils import fsdp_utils
+from verl.utils import cpu_blas, fsdp_utils
 from verl.utils import tensordict_utils as tu
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_name
@@ -335,7 +335,8 @@ class FSDPEngine(BaseEngine):
         outputs = []
         # one CPU rank: every unit gathered once for all micro-batches, not per forward call and backward (below)
         gathered = not forward_only and one_rank_fsdp2(self.module) and device.type == "cpu"
-        with fsdp_utils.unsharded(self.module, through_backward=True) if gathered else contextlib.nullcontext():
+        gathering = fsdp_utils.unsharded(self.module, through_backward=True) if gathered else contextlib.nullcontext()
+        with gathering, cpu_blas.products():  # VERL_CPU_BLAS: large CPU products through OpenBLAS where faster
             for micro_batch in micro_batches:
                 batch = micro_batch.batch.to(device)
                 tu.assign_non_tensor(batch, **settings)
