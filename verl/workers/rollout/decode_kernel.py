@@ -1,8 +1,8 @@
 """A fused CPU kernel for one decode step's attention against a `shared_prefix.SharedPrefixCache`.
 
 Owns the kernel's C source, its build (`verl.utils.native_build`: gcc or cc at first use, cached per user and CPU),
-`available` and `shared_prefix_attention`, the call that `shared_prefix.attend` makes when the kernel
-applies.
+`available`/`applies`, the kernel's cache layout (`tile_keys`, `write_tiled`, `prompt_bias`, `check_layout`) and
+`shared_prefix_attention`, the call that `shared_prefix.attend` makes when the kernel applies.
 
 Why: a decode step's attention reads every row's response keys and values once per layer, and at long responses that
 read is most of the step's growth. torch runs it as two batched matmuls with two query rows per KV head (scores, then
@@ -10,12 +10,14 @@ probabilities times values) with a softmax and concatenations between them: on 2
 response part took 2.6-3.8x the time of reading the keys and values once at the machine's read bandwidth (4 layers,
 128 rows, 2 KV heads x 2 queries, 32-480 response tokens). Here one pass per (row, KV head) computes the scores of its
 query heads against the row's prompt (the shared copy, which the rows of one prompt read in turn from cache) and its
-own response keys, one softmax over both, and the weighted sum of the values: each key and value is read once.
+own response keys, one softmax over both, and the weighted sum of the values: each key and value is read once. The
+keys are stored in tiles of TILE positions (a tile's keys side by side per column), so a tile's scores are vertical
+multiply-adds with no horizontal sums; values stay row by row.
 
-The kernel runs float32 with head sizes that are a multiple of 16 on the calling thread's torch threads (OpenMP:
+The kernel runs float32 with head sizes that are a multiple of 32 on the calling thread's torch threads (OpenMP:
 the shared object binds to the libgomp torch already loaded, so it uses torch's thread team; no second pool). It is
 the same attention as the torch path up to float rounding (~1e-6: a different summation order and its own `exp`,
-a degree-6 polynomial after range reduction, relative error ~1e-7). When no C compiler is found, the build fails or
+a degree-6 polynomial after range reduction, relative error ~2e-7). When no C compiler is found, the build fails or
 `VERL_DECODE_KERNEL=0`, the torch path runs (one notice line when a build was tried and failed).
 
 Layer 5: imports torch and verl.utils.native_build only; must not import Ray.

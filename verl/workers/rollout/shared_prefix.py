@@ -12,9 +12,11 @@ against its own response tokens from its buffer, and one softmax runs over both 
 sdpa over the concatenated cache (float rounding aside, ~1e-7), with the prompt part read once per prompt.
 
 Applies to decoder models with plain full attention under `sdpa` (`applies_to`); every other model keeps the
-rollout's preallocated per-row cache.
+rollout's preallocated per-row cache. In float32 on the CPU the attention is one fused C kernel (`decode_kernel`);
+elsewhere torch's ops below.
 
-Layer 5: imports torch, transformers and verl.utils.torch_functional; must not import Ray.
+Layer 5: imports torch, transformers, verl.utils.torch_functional and verl.workers.rollout.decode_kernel; must not
+import Ray.
 """
 
 from __future__ import annotations
@@ -86,8 +88,7 @@ class _SharedPrefixLayer(DynamicLayer):
         return None, self.value_buffer[:, :, :end]
 
     def start_decode(self, rows: int) -> None:
-        _, heads, prompt_len, dim = self.prefix_keys.shape
-        self.prompt_len = prompt_len
+        _, heads, _, dim = self.prefix_keys.shape
         self.fused = decode_kernel.applies(dim, self.dtype, self.device)
         # laid out once as the decode reads them (the prefill's copies are freed): tiles of keys for the fused
         # kernel, keys transposed for torch's matmuls (else every step copies them)
@@ -135,12 +136,12 @@ class SharedPrefixCache(Cache):
         self._set_rows(groups * self.group_size + slots)
         for layer in self.layers:
             layer.start_decode(len(groups))
-        # the prompts' padding as an additive -inf bias of the packed scores, (prompts * kv_heads, 1, P): `attend`'s
-        # matmul adds it (baddbmm) instead of masking the scores in a pass of its own
-        if self.layers[0].fused:  # the fused kernel's form: a bias of whole tiles of keys
+        if self.layers[0].fused:  # the fused kernel's form of the prompts' padding: a bias of whole tiles of keys
             self.prefix_bias = decode_kernel.prompt_bias(prompt_mask)
             self._check_fused_layout()
             return
+        # the prompts' padding as an additive -inf bias of the packed scores, (prompts * kv_heads, 1, P): `attend`'s
+        # matmul adds it (baddbmm) instead of masking the scores in a pass of its own
         kv_heads = self.layers[0].prefix_keys.shape[1]
         bias = torch.zeros(prompt_mask.shape, dtype=self.layers[0].dtype, device=prompt_mask.device)
         bias.masked_fill_(~prompt_mask.bool(), -math.inf)
