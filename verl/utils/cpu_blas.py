@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import logging
 import os
@@ -87,12 +88,9 @@ def choice_from_env() -> str:
     return value
 
 
+@functools.cache
 def _amd_cpu() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
-    except OSError:
-        return False
+    return "AuthenticAMD" in native_build.cpu_signature()  # its vendor_id line
 
 
 def _load() -> str | None:
@@ -218,7 +216,7 @@ def products() -> Iterator[None]:
     if not _state.get("wanted") or active():
         yield
         return
-    install()
+    _register()  # the decision `prepare` made: not read again from the environment on every pass
     try:
         yield
     finally:
@@ -230,9 +228,14 @@ def install(choice: str | None = None) -> bool:
     `prepare(choice)` chooses it. Returns whether it is active. Idempotent."""
     if not prepare(choice):
         return active()
+    _register()
+    return True
+
+
+def _register() -> None:
     with _lock:
         if active():
-            return True
+            return
         library = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # torch warns once that a registered kernel is overridden: that is the point
             warnings.simplefilter("ignore", UserWarning)
@@ -240,7 +243,6 @@ def install(choice: str | None = None) -> bool:
             library.impl("addmm", _addmm, "CPU")
             library.impl("addmm_", _addmm_, "CPU")
         _state["library"] = library
-        return True
 
 
 def uninstall() -> None:

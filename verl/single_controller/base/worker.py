@@ -155,7 +155,7 @@ class Worker:
             )
         self._num_threads = set_torch_threads_from_env()
         self._retains_freed_memory = retain_freed_memory_from_env()
-        self._cpu_blas = cpu_blas.prepare()  # VERL_CPU_BLAS: the training passes' CPU products through OpenBLAS
+        cpu_blas.prepare()  # VERL_CPU_BLAS: the training passes' CPU products through OpenBLAS (cpu_blas keeps it)
         adaptive_threads_from_env(self._num_threads)  # the process's policy lives in cpu_share (read by @register)
 
     @property
