@@ -1,16 +1,22 @@
 """Cost curves of a GRPO step: ours (Ray, the default entry point) against TRL's GRPOTrainer over response
 length, samples per prompt and model size; run by `python benchmarks/bench_grpo.py --sweep`.
 
-Owns the sweep's points, its runs (each point: ours, then TRL, each a fresh subprocess through
-`bench_grpo.launch`), its table and its PNG. Every point is the bench config (bench_runs.py) with one thing
-changed: response length 64, 128, 256, 512 new tokens, n = 4, 8, 16 samples per prompt, model size "s" (the bench
-model, ~3.5M parameters) and "s4x" (hidden 384, 8 layers: ~4x the matmul work per token); the model is made to
-emit until the limit (ours: `rollout.ignore_eos`; TRL: `min_new_tokens`), so every row has the same length.
-A cut sweep resumes: runs already finished in the workdir (same run, point and steps) are reused, and a run that
-fails (killed for memory on a shared machine) leaves its point out of the table instead of stopping the sweep.
-Figures per point: median step time, response tokens per second of step time, generation time per generated
-token (flat in response length when the KV cache is preallocated: no per-step copy of the cache), the FLOP
-floor (flops.py, one matmul-rate measurement for the whole sweep) and ours / TRL.
+Owns the sweep's points, its runs (each a fresh subprocess through `bench_grpo.launch`), its table and its PNG.
+The points run in `--rounds` passes (default 2) that alternate direction: the first goes through the points in
+order with ours then TRL at each, the second in reverse order with TRL then ours (ABBA). This machine's speed
+drifts 10-20% over minutes; a linear drift then weighs on both runs of a point alike and on the first and last
+point alike, so neither ours/TRL nor the growth of generation time along the length axis reads the drift. A
+point's figures pool the counted steps of all its rounds; the table also gives ours/TRL of each round.
+
+Every point is the bench config (bench_runs.py) with one thing changed: response length 64, 128, 256, 512 new
+tokens, n = 4, 8, 16 samples per prompt, model size "s" (the bench model, ~3.5M parameters) and "s4x" (hidden 384,
+8 layers: ~4x the matmul work per token); the model is made to emit until the limit (ours: `rollout.ignore_eos`;
+TRL: `min_new_tokens`), so every row has the same length. A cut sweep resumes: runs already finished in the
+workdir (same run, point, steps and round) are reused, and a run that fails (killed for memory on a shared
+machine) leaves its round of the point out of the table instead of stopping the sweep. Figures per point: median
+step time, response tokens per second of step time, generation time per generated token (flat in response length
+when the KV cache is preallocated: no per-step copy of the cache), the FLOP floor (flops.py, one matmul-rate
+measurement for the whole sweep) and ours / TRL.
 
 A benchmark helper (benchmarks/ is not a package).
 """
@@ -45,23 +51,27 @@ def unique_shapes() -> list[Shape]:
     return list(dict.fromkeys(shape for points in AXES.values() for _, shape in points))
 
 
-def finished_result(workdir: str, run: str, shape: Shape, steps: int) -> dict | None:
-    """A complete result of `run` at `shape` with `steps` steps left in `workdir` by an earlier (cut) sweep."""
+def finished_result(workdir: str, run: str, shape: Shape, steps: int, index: int = 0) -> dict | None:
+    """The `index`-th (in the order they were written) complete result of `run` at `shape` with `steps` steps
+    left in `workdir` by an earlier (cut) sweep, or None."""
     wanted = json.loads(shape.to_json())
-    for name in sorted(os.listdir(workdir)):
+    found = 0
+    for name in sorted(os.listdir(workdir)):  # result_<run>_<time_ns>.json: in the order written
         if not name.startswith(f"result_{run}_"):
             continue
         with open(os.path.join(workdir, name), encoding="utf-8") as f:
             result = json.load(f)
         if result.get("shape") == wanted and "peak_rss_mb" in result and len(result["step_s"]) == steps:
-            return result
+            if found == index:
+                return result
+            found += 1
     return None
 
 
-def run_point(run: str, workdir: str, steps: int, log_path: str, shape: Shape) -> dict | None:
-    """The result of `run` at `shape`: an earlier one from `workdir`, else a fresh run; None if the run failed
-    (e.g. killed for memory: the sweep goes on and the table shows the point as missing)."""
-    result = finished_result(workdir, run, shape, steps)
+def run_point(run: str, workdir: str, steps: int, log_path: str, shape: Shape, round_index: int = 0) -> dict | None:
+    """The result of `run` at `shape` in round `round_index`: an earlier one from `workdir`, else a fresh run;
+    None if the run failed (e.g. killed for memory: the sweep goes on and the table shows the point as missing)."""
+    result = finished_result(workdir, run, shape, steps, round_index)
     if result is not None:
         return result
     try:
@@ -71,19 +81,32 @@ def run_point(run: str, workdir: str, steps: int, log_path: str, shape: Shape) -
         return None
 
 
-def point_figures(result: dict, warmup: int, shape: Shape) -> dict:
-    """Median step seconds, response tokens per second of step time and generation microseconds per token."""
-    step = statistics.median(result["step_s"][warmup:])
-    gen = result["gen_s"][warmup:]
-    tokens = result["gen_tokens"][warmup:]
+def counted(results: list[dict], key: str, warmup: int) -> list[float]:
+    """`key`'s per-step values of every result, each without its first `warmup` steps."""
+    return [value for result in results for value in result[key][warmup:]]
+
+
+def point_figures(results: list[dict], warmup: int, shape: Shape) -> dict:
+    """Over the counted steps of `results` (one run per round): median step seconds, response tokens per second
+    of step time, generation microseconds per token, and each round's median step seconds."""
+    step = statistics.median(counted(results, "step_s", warmup))
+    gen, tokens = counted(results, "gen_s", warmup), counted(results, "gen_tokens", warmup)
+    cpu = counted(results, "cpu_s", warmup) if all(r.get("cpu_s") for r in results) else []
     return {
         "step_s": step,
+        "round_step_s": [statistics.median(r["step_s"][warmup:]) for r in results],
         "tokens_per_s": PROMPTS_PER_STEP * shape.n * shape.response_len / step,
         "gen_s": statistics.median(gen),
-        "cpu_s": statistics.median(result["cpu_s"][warmup:]) if result.get("cpu_s") else None,
+        "cpu_s": statistics.median(cpu) if cpu else None,
         "gen_us_per_token": 1e6 * sum(gen) / sum(tokens),
-        "peak_rss_mb": result["peak_rss_mb"],
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
     }
+
+
+def round_ratios(row: dict) -> str:
+    """ours / TRL step time of each round at a point, e.g. "0.45, 0.52"."""
+    pairs = zip(row["ours"]["round_step_s"], row["trl"]["round_step_s"])
+    return ", ".join(f"{o / t:.3f}" for o, t in pairs)
 
 
 def floor_of(workdir: str, shape: Shape, rates: dict[str, float]) -> float:
@@ -99,16 +122,16 @@ def floor_of(workdir: str, shape: Shape, rates: dict[str, float]) -> float:
 def table(rows: list[dict]) -> str:
     """The sweep as a markdown table."""
     lines = [
-        "| axis | value | ours s/step | TRL s/step | ours/TRL | ours/TRL CPU s | ours tok/s | TRL tok/s "
+        "| axis | value | ours s/step | TRL s/step | ours/TRL | by round | ours/TRL CPU s | ours tok/s | TRL tok/s "
         "| ours gen us/token | TRL gen us/token | floor s | ours/floor | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o, t = r["ours"], r["trl"]
         cpu = f"{o['cpu_s'] / t['cpu_s']:.3f}" if o.get("cpu_s") and t.get("cpu_s") else "-"
         lines.append(
             f"| {r['axis']} | {r['value']} | {o['step_s']:.2f} | {t['step_s']:.2f} | {o['step_s'] / t['step_s']:.3f} "
-            f"| {cpu} "
+            f"| {round_ratios(r)} | {cpu} "
             f"| {o['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {o['gen_us_per_token']:.1f} "
             f"| {t['gen_us_per_token']:.1f} | {r['floor_s']:.2f} | {o['step_s'] / r['floor_s']:.2f} | {r['load']} |"
         )
@@ -169,10 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GRPO cost curves: ours vs TRL (bench_grpo.py --sweep)")
     parser.add_argument("--steps", type=int, default=4, help="steps per point and run (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps not counted (default 1)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="passes over the points, alternating direction (default 2)"
+    )
     parser.add_argument("--axes", default=",".join(AXES), help="which axes (comma list of their names)")
     parser.add_argument("--workdir", default=None, help="where the models, data and runs go (default: a temp dir)")
     parser.add_argument("--out", default=None, help="prefix of the outputs (default: <workdir>/sweep)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must be more than --warmup ({args.warmup})")
     axes = [a for a in args.axes.split(",") if a]
@@ -188,24 +216,37 @@ def main(argv: list[str] | None = None) -> int:
     for shape in shapes:
         prepare(workdir, shape.model_size)
     print(
-        f"sweep: {len(shapes)} points x {RUNS}, {args.steps} steps each; load {os.getloadavg()[0]:.2f}; log {log_path}"
+        f"sweep: {len(shapes)} points x {RUNS}, {args.rounds} rounds (alternating direction), {args.steps} steps "
+        f"per run; load {os.getloadavg()[0]:.2f}; log {log_path}"
     )
     rates = bench_grpo.measure_rates(workdir, log_path)["rates"]
+    # shape -> run -> round -> result (a failed run leaves its round out)
+    results: dict[Shape, dict[str, dict[int, dict]]] = {shape: {run: {} for run in RUNS} for shape in shapes}
+    loads: dict[Shape, list[str]] = {shape: [] for shape in shapes}
+    for round_index in range(args.rounds):
+        forward = round_index % 2 == 0  # odd rounds: the points in reverse order, TRL first (ABBA)
+        for shape in shapes if forward else shapes[::-1]:
+            load = os.getloadavg()[0]
+            for run in RUNS if forward else RUNS[::-1]:
+                result = run_point(run, workdir, args.steps, log_path, shape, round_index)
+                if result is not None:
+                    results[shape][run][round_index] = result
+            loads[shape].append(f"{load:.1f}->{os.getloadavg()[0]:.1f}")
+            ours, trl = (results[shape][run].get(round_index) for run in RUNS)
+            if ours and trl:
+                o, t = (statistics.median(r["step_s"][args.warmup :]) for r in (ours, trl))
+                print(
+                    f"  round {round_index + 1} L={shape.response_len} n={shape.n} model={shape.model_size}: "
+                    f"ours {o:.2f} s, TRL {t:.2f} s, ratio {o / t:.3f} (load {loads[shape][-1]})",
+                    flush=True,
+                )
     figures: dict[Shape, dict] = {}
-    for shape in shapes:
-        load = os.getloadavg()[0]
-        figures[shape] = {"load": f"{load:.1f}"}
+    for shape in shapes:  # the rounds in which both runs of the point finished
+        rounds = sorted(set(results[shape]["ours"]) & set(results[shape]["trl"]))
+        figures[shape] = {"load": ", ".join(loads[shape])}
         for run in RUNS:
-            result = run_point(run, workdir, args.steps, log_path, shape)
-            figures[shape][run] = point_figures(result, args.warmup, shape) if result else None
-        figures[shape]["load"] += f"->{os.getloadavg()[0]:.1f}"
-        o, t = figures[shape]["ours"], figures[shape]["trl"]
-        if o and t:
-            print(
-                f"  L={shape.response_len} n={shape.n} model={shape.model_size}: ours {o['step_s']:.2f} s, "
-                f"TRL {t['step_s']:.2f} s, ratio {o['step_s'] / t['step_s']:.3f} (load {figures[shape]['load']})",
-                flush=True,
-            )
+            kept = [results[shape][run][i] for i in rounds]
+            figures[shape][run] = point_figures(kept, args.warmup, shape) if kept else None
     rows = [
         {"axis": axis, "value": value, **figures[shape], "floor_s": floor_of(workdir, shape, rates)}
         for axis in axes
@@ -216,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     bar_values = print_bars(rows)
     plot(rows, out + ".png")
     with open(out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"rows": rows, "rates": rates, "bars": bar_values, "steps": args.steps}, f, indent=2, default=str)
+        json.dump(
+            {"rows": rows, "rates": rates, "bars": bar_values, "steps": args.steps, "rounds": args.rounds},
+            f,
+            indent=2,
+            default=str,
+        )
     with open(out + ".md", "w", encoding="utf-8") as f:
         f.write(table(rows) + "\n")
     print(f"\n{out}.png, {out}.md, {out}.json written; sweep took {time.perf_counter() - start:.0f} s")
