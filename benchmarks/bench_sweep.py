@@ -86,6 +86,11 @@ def counted(results: list[dict], key: str, warmup: int) -> list[float]:
     return [value for result in results for value in result[key][warmup:]]
 
 
+def median_step(result: dict, warmup: int) -> float:
+    """Median step seconds of one run, its first `warmup` steps not counted."""
+    return statistics.median(result["step_s"][warmup:])
+
+
 def point_figures(results: list[dict], warmup: int, shape: Shape) -> dict:
     """Over the counted steps of `results` (one run per round): median step seconds, response tokens per second
     of step time, generation microseconds per token, and each round's median step seconds."""
@@ -94,7 +99,7 @@ def point_figures(results: list[dict], warmup: int, shape: Shape) -> dict:
     cpu = counted(results, "cpu_s", warmup) if all(r.get("cpu_s") for r in results) else []
     return {
         "step_s": step,
-        "round_step_s": [statistics.median(r["step_s"][warmup:]) for r in results],
+        "round_step_s": [median_step(r, warmup) for r in results],
         "tokens_per_s": PROMPTS_PER_STEP * shape.n * shape.response_len / step,
         "gen_s": statistics.median(gen),
         "cpu_s": statistics.median(cpu) if cpu else None,
@@ -188,6 +193,33 @@ def print_bars(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def run_rounds(
+    shapes: list[Shape], rounds: int, steps: int, warmup: int, workdir: str, log_path: str
+) -> tuple[dict[Shape, dict[str, dict[int, dict]]], dict[Shape, list[str]]]:
+    """Every point's runs in `rounds` passes of alternating direction (module docstring): shape -> run -> round ->
+    result (a failed run leaves its round out), and each point's load average before -> after, per round."""
+    results: dict[Shape, dict[str, dict[int, dict]]] = {shape: {run: {} for run in RUNS} for shape in shapes}
+    loads: dict[Shape, list[str]] = {shape: [] for shape in shapes}
+    for round_index in range(rounds):
+        forward = round_index % 2 == 0  # odd rounds: the points in reverse order, TRL first (ABBA)
+        for shape in shapes if forward else shapes[::-1]:
+            load = os.getloadavg()[0]
+            for run in RUNS if forward else RUNS[::-1]:
+                result = run_point(run, workdir, steps, log_path, shape, round_index)
+                if result is not None:
+                    results[shape][run][round_index] = result
+            loads[shape].append(f"{load:.1f}->{os.getloadavg()[0]:.1f}")
+            ours, trl = (results[shape][run].get(round_index) for run in RUNS)
+            if ours and trl:
+                o, t = median_step(ours, warmup), median_step(trl, warmup)
+                print(
+                    f"  round {round_index + 1} L={shape.response_len} n={shape.n} model={shape.model_size}: "
+                    f"ours {o:.2f} s, TRL {t:.2f} s, ratio {o / t:.3f} (load {loads[shape][-1]})",
+                    flush=True,
+                )
+    return results, loads
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GRPO cost curves: ours vs TRL (bench_grpo.py --sweep)")
     parser.add_argument("--steps", type=int, default=4, help="steps per point and run (default 4)")
@@ -220,26 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         f"per run; load {os.getloadavg()[0]:.2f}; log {log_path}"
     )
     rates = bench_grpo.measure_rates(workdir, log_path)["rates"]
-    # shape -> run -> round -> result (a failed run leaves its round out)
-    results: dict[Shape, dict[str, dict[int, dict]]] = {shape: {run: {} for run in RUNS} for shape in shapes}
-    loads: dict[Shape, list[str]] = {shape: [] for shape in shapes}
-    for round_index in range(args.rounds):
-        forward = round_index % 2 == 0  # odd rounds: the points in reverse order, TRL first (ABBA)
-        for shape in shapes if forward else shapes[::-1]:
-            load = os.getloadavg()[0]
-            for run in RUNS if forward else RUNS[::-1]:
-                result = run_point(run, workdir, args.steps, log_path, shape, round_index)
-                if result is not None:
-                    results[shape][run][round_index] = result
-            loads[shape].append(f"{load:.1f}->{os.getloadavg()[0]:.1f}")
-            ours, trl = (results[shape][run].get(round_index) for run in RUNS)
-            if ours and trl:
-                o, t = (statistics.median(r["step_s"][args.warmup :]) for r in (ours, trl))
-                print(
-                    f"  round {round_index + 1} L={shape.response_len} n={shape.n} model={shape.model_size}: "
-                    f"ours {o:.2f} s, TRL {t:.2f} s, ratio {o / t:.3f} (load {loads[shape][-1]})",
-                    flush=True,
-                )
+    results, loads = run_rounds(shapes, args.rounds, args.steps, args.warmup, workdir, log_path)
     figures: dict[Shape, dict] = {}
     for shape in shapes:  # the rounds in which both runs of the point finished
         rounds = sorted(set(results[shape]["ours"]) & set(results[shape]["trl"]))
