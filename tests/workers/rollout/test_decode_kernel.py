@@ -1,5 +1,5 @@
-"""Tests of the fused CPU decode-attention kernel's build (verl/utils/native_build.py) and guards
-(verl/workers/rollout/decode_kernel.py). Its
+"""Tests of the fused CPU decode kernels' build (verl/utils/native_build.py), guards and one-pass sampler
+(verl/workers/rollout/decode_kernel.py). The attention's
 numbers against an independent sdpa are checked in tests/workers/test_shared_prefix.py, and a whole generation
 with it against the per-row cache there too."""
 
@@ -11,6 +11,8 @@ import torch
 
 from verl.utils import native_build
 from verl.workers.rollout import decode_kernel, shared_prefix
+from verl.workers.rollout.hf_rollout import _logits_warpers, _next_tokens
+from verl.workers.rollout.sampling import SamplingSettings
 
 
 @pytest.fixture
@@ -102,3 +104,33 @@ def test_prompt_bias_is_zero_on_tokens_and_masked_elsewhere():
     assert (bias[0, :2] == decode_kernel.MASKED).all() and bias[0, 2:5].tolist() == [0.0] * 3
     assert bias[1, :5].tolist() == [0.0] * 5
     assert (bias[:, 5:] == decode_kernel.MASKED).all()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sample_tokens_is_the_torch_ops_inverse_cdf_sampling_and_log_softmax(temperature):
+    """The one-pass sampler against hf_rollout's torch ops (softmax, cumsum, searchsorted; log_softmax, gather) on
+    2,000 rows of a 2,048-token vocabulary, sampled and greedy."""
+    if not decode_kernel.available():
+        pytest.skip("no C compiler: the fused decode kernel cannot be built here")
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2000, 2048, generator=gen) * 4
+    logits[0, 7] = 100.0  # one row certain of its token
+    draws = torch.rand(2000, generator=gen)
+    draws[1] = 0.0  # the first token with any probability
+    warpers = _logits_warpers(SamplingSettings(do_sample=True, temperature=temperature, top_k=-1, top_p=1.0))
+    expected = _next_tokens(logits, warpers, draws)
+    expected_lp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, expected[:, None])[:, 0]
+    tokens, log_probs = decode_kernel.sample_tokens(logits, temperature, draws, True)
+    assert tokens.dtype == torch.int64 and tokens[0] == 7 and tokens[1] == 0
+    assert (tokens != expected).sum() <= 1  # a draw within rounding of a boundary may pick the neighbour
+    same = tokens == expected
+    torch.testing.assert_close(log_probs[same], expected_lp[same], atol=2e-5, rtol=0)
+    greedy, greedy_lp = decode_kernel.sample_tokens(logits, temperature, None, True)
+    assert torch.equal(greedy, logits.argmax(-1))
+    torch.testing.assert_close(greedy_lp, torch.log_softmax(logits / temperature, -1).gather(-1, greedy[:, None])[:, 0],
+                               atol=2e-5, rtol=0)  # fmt: skip
+    assert decode_kernel.sample_tokens(logits[:3], temperature, None, False)[1] is None
+    with pytest.raises(ValueError, match=r"logits must be contiguous float32 \(3, 2048\)"):
+        decode_kernel.sample_tokens(logits[:3].double(), temperature, None, False)
+    with pytest.raises(ValueError, match=r"draws must be \(3,\), got \(2,\)"):
+        decode_kernel.sample_tokens(logits[:3], temperature, draws[:2], False)

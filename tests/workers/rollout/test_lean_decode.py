@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, recorded_forwards, rollout_config
-from verl.workers.rollout import lean_decode
+from verl.workers.rollout import decode_kernel, lean_decode
 from verl.workers.rollout.hf_rollout import HFRollout
 
 SHAPE = dict(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -18,6 +18,8 @@ def _model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "qwen2":  # biases on q, k, v
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **SHAPE))
+    elif kind == "qwen2_head32":  # a head size the fused decode kernel takes: its one-call step (`_fused_step`)
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **{**SHAPE, "hidden_size": 128}))
     elif kind == "qwen3":  # per-head q/k norms, a head_dim that is not hidden / heads
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=32, **SHAPE))
     else:  # biases everywhere, llama3's rotary scaling
@@ -32,13 +34,18 @@ def _model(kind: str) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2_head32", "qwen3", "llama"])
 @pytest.mark.parametrize("samples", [3, 1], ids=["shared_prefix", "per_row_cache"])
-def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer):
+def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer, monkeypatch):
     """Sampling with log-probs, two decode lanes, rows stopping at an eos: the lean steps give HF's forward's tokens
-    and log-probs (within 1e-5), which equal a full forward over prompt + response."""
+    and log-probs (within 1e-5), which equal a full forward over prompt + response. With the shared-prompt cache
+    and a head size of 32 (qwen2_head32, qwen3) the steps run through the fused kernel's one-call step."""
     model = _model(kind)
     assert lean_decode.applies_to(model)
+    fused_steps = []
+    fused_step = lean_decode.LeanDecoder._fused_step
+    monkeypatch.setattr(lean_decode.LeanDecoder, "_fused_step",
+                        lambda self, *a: fused_steps.append(1) or fused_step(self, *a))  # fmt: skip
 
     def generate(lean: bool, eos: int | list[int]):
         rollout = HFRollout(model, rollout_config(calculate_log_probs=True, response_length=12), tokenizer)
@@ -60,6 +67,9 @@ def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer):
     # the same rows per step both ways; with the lean steps the model's own forward runs only the prefills
     assert sorted(c[1:] for c in lean_calls) == sorted(c[1:] for c in hf_calls)
     assert all(length > 1 for _, _, length in lean_calls[:2]) and len(lean_calls) > 2
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    fused = samples > 1 and head_dim % 32 == 0 and decode_kernel.available()
+    assert bool(fused_steps) == fused
 
 
 def test_models_it_cannot_run_keep_hfs_forward(tokenizer):

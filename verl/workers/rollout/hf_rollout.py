@@ -20,8 +20,9 @@ once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the mod
 parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
 and cut their common left padding. On CPU a micro-batch may decode in lanes of whole prompt groups, one core each
 (`decode_lanes.py` says when). Every row's random draws (one uniform per position) are drawn up front from the
-call's seed, so its samples do not depend on the micro-batch size or the number of lanes. Greedy decoding gives
-what `generate` gives.
+call's seed, so its samples do not depend on the micro-batch size or the number of lanes; without top-k/top-p, on
+CPU in float32, one kernel call per step draws them and their log-probs (`decode_kernel.sample_tokens`). Greedy
+decoding gives what `generate` gives.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
@@ -48,7 +49,7 @@ from transformers.generation.logits_process import (
 from verl.protocol import DataProto
 from verl.utils import fsdp_utils
 from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
-from verl.workers.rollout import decode_lanes, lean_decode, shared_prefix
+from verl.workers.rollout import decode_kernel, decode_lanes, lean_decode, shared_prefix
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
@@ -299,13 +300,22 @@ class HFRollout(BaseRollout):
         decode_kwargs = {self.cache_kwarg: cache, "use_cache": True}
         if lane.shared:
             decode_kwargs["shared_prefix"] = cache
+        # one kernel call per step for the sampling and its log-probs where it applies (no top-k/top-p, float32 CPU)
+        fused_sampling = _fused_sampling_applies(sampling, logits)
         for t in range(self.response_length):
             draws = None if lane.uniforms is None else lane.uniforms[live, t]
-            tokens = _next_tokens(logits, warpers, draws)
+            if fused_sampling:
+                tokens, token_lp = decode_kernel.sample_tokens(
+                    logits, sampling.logprob_temperature, draws, log_probs is not None
+                )
+            else:
+                tokens = _next_tokens(logits, warpers, draws)
+                if log_probs is not None:
+                    token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
+                    token_lp = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             responses[live, t] = tokens
             if log_probs is not None:
-                token_lp = torch.log_softmax(logits.float() / sampling.logprob_temperature, dim=-1)
-                log_probs[live, t] = token_lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+                log_probs[live, t] = token_lp
             running = ~torch.isin(tokens, eos)
             if t == self.response_length - 1 or not running.any():
                 break
@@ -404,6 +414,13 @@ def _logits_warpers(sampling: SamplingSettings) -> LogitsProcessorList:
     if sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(sampling.top_p))
     return warpers
+
+
+def _fused_sampling_applies(sampling: SamplingSettings, logits: torch.Tensor) -> bool:
+    """Whether a decode loop samples through `decode_kernel.sample_tokens`: float32 logits on the CPU, no top-k or
+    top-p (the kernel applies the temperature only), the kernel built."""
+    plain = sampling.top_k == -1 and sampling.top_p >= 1.0
+    return plain and logits.dtype == torch.float32 and logits.device.type == "cpu" and decode_kernel.available()
 
 
 def _next_tokens(logits: torch.Tensor, warpers: LogitsProcessorList, draws: torch.Tensor | None) -> torch.Tensor:

@@ -16,7 +16,8 @@ Applies to Qwen2, Qwen3 and Llama causal LMs with SiLU MLPs, plain `nn.Linear` p
 layers), and a rotary embedding that depends on the position only (not `dynamic` or `longrope`); every other model
 keeps HF's forward.
 
-Layer 5: imports torch, verl.utils.torch_functional and verl.workers.rollout.shared_prefix; must not import Ray.
+Layer 5: imports torch, verl.utils.torch_functional and verl.workers.rollout's shared_prefix and decode_kernel;
+must not import Ray.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl.utils.torch_functional import plain_sdpa_attention
-from verl.workers.rollout import shared_prefix
+from verl.workers.rollout import decode_kernel, shared_prefix
 
 _MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 _POSITION_ONLY_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
@@ -129,6 +130,8 @@ class LeanDecoder:
             (`hf_rollout._kv_cache`); each layer's key and value of this step are written into it.
         attention: for the per-row cache, its (rows, length) mask including this step's column; None for the
             shared one."""
+        if attention is None and getattr(cache.layers[0], "fused", False):
+            return self._fused_step(tokens, positions, cache)
         rows = len(tokens)
         x = self.embed[tokens]
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]
@@ -157,3 +160,26 @@ class LeanDecoder:
             h = _rms_norm(x, post_norm, self.eps)
             x = x + F.linear(F.silu(F.linear(h, *gate)) * F.linear(h, *up), *down)
         return F.linear(_rms_norm(x, self.norm, self.eps), self.lm_head, self.lm_head_bias)
+
+    def _fused_step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """`step` against a shared-prompt cache whose layers decode through the fused kernel (float32 on the CPU,
+        `decode_kernel`): per layer one kernel call for rotary embedding, cache write and attention
+        (`shared_prefix.decode_step`) and one per residual add and the RMSNorm after it (`add_rms_norm`), instead
+        of ~40 small torch ops. The same arithmetic up to float rounding."""
+        rows = len(tokens)
+        x = self.embed[tokens]  # a new tensor: the residual stream, added to in place below
+        next_norms = [layer[0] for layer in self.layers[1:]] + [self.norm]
+        h = decode_kernel.add_rms_norm(x, None, self.layers[0][0], self.eps)
+        for index, (layer, next_norm) in enumerate(zip(self.layers, next_norms)):
+            _, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, post_norm, gate, up, down = layer
+            q, k, v = F.linear(h, *q_proj), F.linear(h, *k_proj), F.linear(h, *v_proj)
+            if q_norm is not None:  # Qwen3's per-head norms come before the rotary embedding
+                q = _rms_norm(q.view(rows, self.heads, self.head_dim), q_norm, self.eps).view(rows, -1)
+                k = _rms_norm(k.view(rows, self.kv_heads, self.head_dim), k_norm, self.eps).view(rows, -1)
+            out = shared_prefix.decode_step(
+                cache, cache.layers[index], q, k, v, self.cos, self.sin, positions, self.scaling
+            )
+            h = decode_kernel.add_rms_norm(x, F.linear(out, *o_proj), post_norm, self.eps)
+            mlp = F.linear(F.silu(F.linear(h, *gate)) * F.linear(h, *up), *down)
+            h = decode_kernel.add_rms_norm(x, mlp, next_norm, self.eps)
+        return F.linear(h, self.lm_head, self.lm_head_bias)

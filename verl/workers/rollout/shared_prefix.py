@@ -237,6 +237,32 @@ def attend(
     return out + torch.matmul(probs[..., prompt_len:], value)
 
 
+def decode_step(
+    cache: SharedPrefixCache,
+    layer: _SharedPrefixLayer,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """One decode step of a fused layer (`layer.fused`) from its projections, in one kernel call
+    (`decode_kernel.shared_prefix_decode`): the rotary embedding of query (rows, heads * head_dim) and key (rows,
+    kv_heads * head_dim) at `positions` (rows of the `cos`/`sin` tables), the step's key and value written into the
+    layer's buffers, and the attention over the prompt and the response so far. Returns (rows, heads * head_dim).
+    What `update` and `attend` do for one step, without the rotated, written and scaled copies between them."""
+    if layer.length >= layer.capacity:
+        raise RuntimeError(f"KV cache of {layer.capacity} positions is full (needs {layer.length + 1})")
+    out = decode_kernel.shared_prefix_decode(
+        query, key, value, cos, sin, positions, scaling, layer.prefix_key_tiles, layer.prefix_values,
+        cache.prefix_bias, cache.groups, layer.key_buffer, layer.value_buffer, layer.length,
+    )  # fmt: skip
+    layer.length += 1
+    return out
+
+
 AttentionInterface.register(ATTENTION_NAME, _shared_prefix_attention)
 
 
