@@ -10,9 +10,10 @@ from verl.utils import cpu_blas
 
 @pytest.fixture
 def openblas(monkeypatch):
-    """OpenBLAS installed for the test (for products from 4,096 multiply-adds: the test's are small), torch's kernels
-    back after it; skipped where it cannot load."""
+    """OpenBLAS installed for the test (for products from 4,096 multiply-adds and 16 rows: the test's are small),
+    torch's kernels back after it; skipped where it cannot load."""
     monkeypatch.setattr(cpu_blas, "MIN_FLOPS", 1 << 12)
+    monkeypatch.setattr(cpu_blas, "MIN_ROWS", 16)
     try:
         assert cpu_blas.install("openblas")
     except RuntimeError as e:
@@ -81,6 +82,8 @@ def test_linear_forward_and_backward_equal_torchs(openblas):
 def test_small_other_dtype_and_uninstalled_products_stay_with_torch(openblas):
     small = torch.randn(8, 16)  # 1,024 multiply-adds: under MIN_FLOPS
     torch.testing.assert_close(small @ small.t(), _torch_mm(small, small.t()))
+    few_rows = torch.randn(15, 400)  # 15 x 400 x 15 = 90,000 multiply-adds, but under MIN_ROWS
+    torch.testing.assert_close(few_rows @ few_rows.t(), _torch_mm(few_rows, few_rows.t()))
     half = torch.randn(128, 128, dtype=torch.bfloat16)
     torch.testing.assert_close(half @ half, _torch_mm(half, half))
     assert openblas == []

@@ -301,3 +301,28 @@ def test_finished_rows_leave_the_batch(model, tokenizer):
     assert out.batch["responses"][0].tolist() == free.batch["responses"][0, : f + 1].tolist() + [
         tokenizer.pad_token_id
     ] * (RESPONSE_LEN - f - 1)
+
+
+def test_decode_products_go_through_openblas_where_the_worker_chose_it(model, tokenizer, monkeypatch):
+    """With `cpu_blas` prepared (the worker's choice on AMD CPUs), a CPU generation's products of at least MIN_ROWS
+    rows run through OpenBLAS and give the samples torch's kernels give (the rounding differs, not enough to move a
+    token of the tiny model here); after the call torch's kernels are back."""
+    from verl.utils import cpu_blas
+
+    prompts = make_prompts(tokenizer).repeat(64)  # 128 rows
+    baseline = HFRollout(model, rollout_config(), tokenizer).generate_sequences(prompts)
+    try:
+        if not cpu_blas.prepare("openblas"):
+            pytest.skip("OpenBLAS not chosen here")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(cpu_blas, "MIN_FLOPS", 1 << 12)  # the tiny model's products are small
+    rows, real = [], cpu_blas._gemm
+    monkeypatch.setattr(cpu_blas, "_gemm", lambda *args: rows.append(args[0].shape[0]) or real(*args))
+    try:
+        out = HFRollout(model, rollout_config(), tokenizer).generate_sequences(prompts)
+    finally:
+        cpu_blas.prepare("torch")
+    assert rows and min(rows) >= cpu_blas.MIN_ROWS
+    assert not cpu_blas.active()
+    assert torch.equal(out.batch["responses"], baseline.batch["responses"])

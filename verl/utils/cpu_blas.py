@@ -9,7 +9,7 @@ spinning BLAS threads beside torch's.
 Why: torch's CPU wheels multiply float32 matrices with MKL, which on AMD processors runs well below what the cores
 do. On 2 cores of an AMD EPYC (Zen 4), OpenBLAS (the `scipy-openblas32` wheel) measured 1.3-1.5x MKL's rate at the
 training shapes of the bench model (16,000 x 256 x 704, 16,000 x 704 x 256, 16,000 x 256 x 2048) and 1.1-1.2x at its
-decode shapes (128 rows) alone, alternated in one process, but not within a whole generation (`MIN_FLOPS`). `auto` takes OpenBLAS on AMD processors
+decode shapes (128 rows) alone, and 0.89-0.93x over a whole generation since its glue is fused (`MIN_FLOPS`). `auto` takes OpenBLAS on AMD processors
 (vendor `AuthenticAMD`) when the wheel and a C compiler are there, torch's MKL elsewhere (MKL is Intel's own library;
 not measured against OpenBLAS on Intel here). Other dtypes, other devices, tiny products (under `MIN_FLOPS`) and
 layouts BLAS cannot take without a copy go to torch's own kernel. Results equal MKL's up to float rounding (a
@@ -43,10 +43,14 @@ logger = logging.getLogger(__name__)
 
 ENV = "VERL_CPU_BLAS"
 CHOICES = ("auto", "openblas", "torch")
-# Products of fewer multiply-adds stay with torch's kernel: the decode steps' (128 rows of the bench model: 23-67M)
-# gained nothing in one process (1.15 / 0.98 s against 1.08 / 0.96 s at 64 tokens, 10.08 / 11.96 against
-# 10.54 / 12.87 s at 512, alternated), the training passes' (2,400-16,000 rows: 0.4-3G) do.
-MIN_FLOPS = 1 << 27
+# Products of fewer multiply-adds stay with torch's kernel. With the decode steps' glue in fused kernels
+# (`decode_kernel`), their products at 128 rows of the bench model (4-67M) are most of a step, and through OpenBLAS
+# a whole generation took 0.93x (64 tokens) and 0.89x (256) of MKL's time (one process, 2 threads, 6 runs each in
+# rotated order); products from 16M up only 0.96x and 0.97x. Alone (one product in a loop) OpenBLAS lost at 16 rows
+# (1.6-2.5x) and at 64 rows below 4M (1.4-2.1x): products of fewer than MIN_ROWS rows (a decode whose rows finished,
+# decode lanes) stay with MKL.
+MIN_FLOPS = 1 << 20
+MIN_ROWS = 128
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -135,6 +139,7 @@ def _takes(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.device.type == b.device.type == "cpu"
         and a.dim() == b.dim() == 2
         and a.shape[0] * a.shape[1] * b.shape[1] >= MIN_FLOPS
+        and a.shape[0] >= MIN_ROWS
         and max(*a.shape, b.shape[1]) < 2**31
         and not a.is_conj()
         and not b.is_conj()

@@ -47,7 +47,7 @@ from transformers.generation.logits_process import (
 )
 
 from verl.protocol import DataProto
-from verl.utils import fsdp_utils
+from verl.utils import cpu_blas, fsdp_utils
 from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
 from verl.workers.rollout import decode_kernel, decode_lanes, lean_decode, shared_prefix
 from verl.workers.rollout.base import (
@@ -176,7 +176,9 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            with fsdp_utils.unsharded(self.module):
+            # the decode steps' products through OpenBLAS where the worker chose it (`cpu_blas`, AMD CPUs)
+            blas = cpu_blas.products() if device.type == "cpu" else contextlib.nullcontext()
+            with fsdp_utils.unsharded(self.module), blas:
                 lean = None
                 if self.lean_decode and lean_decode.applies_to(self.module):  # HF's forward otherwise
                     positions = int(prompts.batch["position_ids"].max()) + self.response_length + 1
