@@ -211,6 +211,21 @@ static void attend_task(const float *qt, const float *pk, const float *pv, const
     weighted_sum(scores + padded_prompt, rv, length, per_kv, dim, o, stride, 1);
 }
 
+/* This thread's scratch of at least `floats` floats, kept for the thread's life and grown when a call needs more: no
+   malloc per call (with one glibc arena, MALLOC_ARENA_MAX=1 as CPU workers run, the threads' mallocs would wait on
+   each other's lock). NULL when memory runs out. */
+static float *thread_scratch(int64_t floats) {
+    static __thread float *buffer = NULL;
+    static __thread int64_t capacity = 0;
+    if (floats > capacity) {
+        float *grown = (float *)realloc(buffer, sizeof(float) * floats);
+        if (!grown) return NULL;
+        buffer = grown;
+        capacity = floats;
+    }
+    return buffer;
+}
+
 /* Floats of one thread's scratch: the scores of per_kv queries over the prompt and `length` response positions, then
    room for the rotated queries and key of a decode step. */
 static int64_t scratch_floats(int64_t per_kv, int64_t dim, int64_t prompt_len, int64_t length) {
@@ -231,7 +246,7 @@ void shared_prefix_attention(const float *q, const float *pk, const float *pv, c
     const int64_t padded_prompt = (prompt_len + TILE - 1) / TILE * TILE;
     #pragma omp parallel num_threads(threads)
     {
-        float *scores = (float *)malloc(sizeof(float) * scratch_floats(per_kv, dim, prompt_len, length));
+        float *scores = thread_scratch(scratch_floats(per_kv, dim, prompt_len, length));
         #pragma omp for schedule(static)
         for (int64_t task = 0; task < rows * kv_heads; task++) {
             const int64_t row = task / kv_heads, head = task % kv_heads;
@@ -241,7 +256,6 @@ void shared_prefix_attention(const float *q, const float *pk, const float *pv, c
                         rk + task * capacity * dim, rv + task * capacity * dim, out + task * per_kv * dim, scores,
                         per_kv, dim, prompt_len, length);
         }
-        free(scores);
     }
 }
 
@@ -269,7 +283,7 @@ int shared_prefix_decode(const float *q, const float *k, const float *v, const f
     const int64_t padded_prompt = (prompt_len + TILE - 1) / TILE * TILE;
     #pragma omp parallel num_threads(threads)
     {
-        float *scores = (float *)malloc(sizeof(float) * scratch_floats(per_kv, dim, prompt_len, length + 1));
+        float *scores = thread_scratch(scratch_floats(per_kv, dim, prompt_len, length + 1));
         float *qt = scores + scratch_floats(per_kv, dim, prompt_len, length + 1) - (per_kv + 1) * dim;
         float *kt = qt + per_kv * dim;
         #pragma omp for schedule(static)
@@ -286,7 +300,6 @@ int shared_prefix_decode(const float *q, const float *k, const float *v, const f
                         bias + group[row] * padded_prompt, rk + task * capacity * dim, rv + task * capacity * dim,
                         out + task * per_kv * dim, scores, per_kv, dim, prompt_len, length + 1);
         }
-        free(scores);
     }
     return 0;
 }
@@ -299,7 +312,7 @@ void sample_tokens(const float *logits, float temperature, const float *draws, i
                    int64_t rows, int64_t vocab, int threads) {
     #pragma omp parallel num_threads(threads) if (rows * vocab >= 65536)
     {
-        float *e = (float *)malloc(sizeof(float) * (vocab + 8));
+        float *e = thread_scratch(vocab + 8);
         #pragma omp for schedule(static)
         for (int64_t row = 0; row < rows; row++) {
             const float *x = logits + row * vocab;
@@ -335,7 +348,6 @@ void sample_tokens(const float *logits, float temperature, const float *draws, i
             tokens[row] = token;
             if (log_probs) log_probs[row] = x[token] / temperature - m - (float)log(total);
         }
-        free(e);
     }
 }
 
