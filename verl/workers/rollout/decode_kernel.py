@@ -596,8 +596,8 @@ def sample_tokens(
     (softmax, cumsum, searchsorted, log_softmax, gather) in one pass per row; a draw within float rounding of a
     boundary between two tokens' cumulative probabilities can pick the neighbour."""
     rows, vocab = logits.shape
-    _float32_cpu("logits", logits.contiguous(), (rows, vocab))
     logits = logits.contiguous()
+    _float32_cpu("logits", logits, (rows, vocab))
     if not temperature > 0:
         raise ValueError(f"decode kernel: temperature must be > 0, got {temperature}")
     if draws is not None:

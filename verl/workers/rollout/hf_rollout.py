@@ -176,8 +176,10 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            # the decode steps' products through OpenBLAS where the worker chose it (`cpu_blas`, AMD CPUs)
-            blas = cpu_blas.products() if device.type == "cpu" else contextlib.nullcontext()
+            # the decode steps' products through OpenBLAS where the worker chose it (`cpu_blas`, AMD CPUs); under
+            # its MIN_ROWS rows they would stay with MKL anyway, behind the override's Python dispatch of every call
+            wide = min(micro, bs) >= cpu_blas.MIN_ROWS
+            blas = cpu_blas.products() if device.type == "cpu" and wide else contextlib.nullcontext()
             with fsdp_utils.unsharded(self.module), blas:
                 lean = None
                 if self.lean_decode and lean_decode.applies_to(self.module):  # HF's forward otherwise

@@ -121,6 +121,8 @@ class LeanDecoder:
         cos, sin = inner.rotary_emb(self.embed[:1], table)
         self.cos, self.sin = cos[0], sin[0]
         self.layers = [_layer(layer) for layer in inner.layers]
+        # the norm after each layer's MLP: the next layer's input norm, the final norm after the last
+        self.next_norms = [layer[0] for layer in self.layers[1:]] + [self.norm]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any, attention: torch.Tensor | None):
@@ -168,9 +170,8 @@ class LeanDecoder:
         of ~40 small torch ops. The same arithmetic up to float rounding."""
         rows = len(tokens)
         x = self.embed[tokens]  # a new tensor: the residual stream, added to in place below
-        next_norms = [layer[0] for layer in self.layers[1:]] + [self.norm]
         h = decode_kernel.add_rms_norm(x, None, self.layers[0][0], self.eps)
-        for index, (layer, next_norm) in enumerate(zip(self.layers, next_norms)):
+        for index, (layer, next_norm) in enumerate(zip(self.layers, self.next_norms)):
             _, q_proj, k_proj, v_proj, q_norm, k_norm, o_proj, post_norm, gate, up, down = layer
             q, k, v = F.linear(h, *q_proj), F.linear(h, *k_proj), F.linear(h, *v_proj)
             if q_norm is not None:  # Qwen3's per-head norms come before the rotary embedding
