@@ -1,8 +1,11 @@
 """Tests of the `sglang` rollout engine (verl/workers/rollout/sglang_rollout.py).
 
-On CPU: the failure path (asking for SGLang without a GPU or without sglang names the problem and the CPU choice)
-and the pure functions that map the rollout config to `sglang.Engine(...)` keyword arguments and to one request's
-sampling params. The generation test needs CUDA and sglang and is marked `gpu`.
+On CPU: the failure path (asking for SGLang without a GPU or without sglang names the problem and the CPU choice),
+the pure functions that map the rollout config to `sglang.Engine(...)` keyword arguments and to one request's
+sampling params, which memory may be released (weights only with a host backup) and the release/resume order
+against a recording engine. The generation test needs CUDA and sglang and is marked `gpu`: it compares log-probs
+with HF's, before and after a weight update, and across two generations without an update in between (released
+weights must come back intact).
 """
 
 import sys
@@ -13,7 +16,13 @@ from omegaconf import OmegaConf
 
 from verl.workers.rollout import GPU_ENGINE_KEY_DEFAULTS, get_rollout_class
 from verl.workers.rollout.base import SamplingSettings
-from verl.workers.rollout.sglang_rollout import sglang_engine_kwargs, sglang_sampling_params
+from verl.workers.rollout.gpu_engines import EngineMemory
+from verl.workers.rollout.sglang_rollout import (
+    MEMORY_TAGS,
+    releasable_tags,
+    sglang_engine_kwargs,
+    sglang_sampling_params,
+)
 
 from .test_vllm_rollout import PROMPT_LEN, RESPONSE_LEN, TEXTS, make_prompts
 
@@ -58,11 +67,35 @@ def test_engine_kwargs_carry_every_engine_key():
         "mem_fraction_static": 0.5, "disable_cuda_graph": False, "tp_size": 1, "context_length": 24,
         "max_running_requests": 256, "chunked_prefill_size": 8192, "disable_radix_cache": False,
         "enable_metrics": False, "random_seed": 0, "enable_memory_saver": True, "skip_tokenizer_init": True,
-        "log_level": "error",
+        "log_level": "error", "enable_weights_cpu_backup": True,
     }  # fmt: skip
+    assert "enable_weights_cpu_backup" not in sglang_engine_kwargs(rollout_config(), "/m", knows_weights_backup=False)
+    assert "enable_weights_cpu_backup" not in sglang_engine_kwargs(rollout_config(free_cache_engine=False), "/m")
     cfg = rollout_config(engine_kwargs={"sglang": {"attention_backend": "fa3", "tp_size": 2}, "vllm": {"x": 1}})
     got = sglang_engine_kwargs(cfg, "/m")
     assert got["attention_backend"] == "fa3" and got["tp_size"] == 2 and "x" not in got
+
+
+def test_weights_are_released_only_with_a_host_backup_and_resumed_before_the_kv_cache():
+    """Released weights without enable_weights_cpu_backup are gone: then only the KV cache and CUDA graphs are
+    released. An update resumes the weights and leaves them resident; a generation resumes the rest and releases
+    everything; two generations in a row resume everything, weights first."""
+    assert releasable_tags({"enable_weights_cpu_backup": True}) == MEMORY_TAGS == ("weights", "kv_cache", "cuda_graph")
+    assert releasable_tags({}) == ("kv_cache", "cuda_graph")
+    calls = []
+    memory = EngineMemory(lambda t: calls.append(("release", t)), lambda t: calls.append(("resume", t)), MEMORY_TAGS,
+                          True)  # fmt: skip
+    memory.release(), memory.resume("weights"), memory.resume(), memory.release(), memory.resume(), memory.release()
+    assert calls == [
+        ("release", list(MEMORY_TAGS)), ("resume", ["weights"]), ("resume", ["kv_cache", "cuda_graph"]),
+        ("release", list(MEMORY_TAGS)), ("resume", list(MEMORY_TAGS)), ("release", list(MEMORY_TAGS)),
+    ]  # fmt: skip
+    calls.clear()
+    memory = EngineMemory(lambda t: calls.append(("release", t)), lambda t: calls.append(("resume", t)),
+                          releasable_tags({}), True)  # fmt: skip
+    memory.release(), memory.resume("weights"), memory.resume(), memory.release()
+    assert calls == [("release", ["kv_cache", "cuda_graph"]), ("resume", ["kv_cache", "cuda_graph"]),
+                     ("release", ["kv_cache", "cuda_graph"])]  # fmt: skip
 
 
 def test_sampling_params():
@@ -88,21 +121,38 @@ def test_sglang_on_cpu_fails_with_a_clear_message(tmp_path):
 
 
 @pytest.mark.gpu
-def test_sglang_generates_and_takes_new_weights(tiny_model_dir):
+def test_sglang_log_probs_follow_the_weights_across_release_and_resume(tiny_model_dir):
+    """On a CUDA GPU with sglang: built from dummy weights, given the model's through update_weights; its log-probs
+    are HF's; a second generation without an update (weights released and resumed in between) gives the same
+    greedy tokens and log-probs; after the weights move, the log-probs are the new model's."""
     pytest.importorskip("sglang")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    rollout = get_rollout_class("sglang")(tiny_model_dir, rollout_config(load_format="auto"), tokenizer)
+    rollout = get_rollout_class("sglang")(tiny_model_dir, rollout_config(load_format="dummy"), tokenizer, device="cuda")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda().eval()
+
+    def hf_log_probs(batch):
+        with torch.no_grad():
+            logits = model(
+                input_ids=batch.batch["input_ids"].cuda(),
+                attention_mask=batch.batch["attention_mask"].cuda(),
+                position_ids=batch.batch["position_ids"].cuda(),
+            ).logits[:, -RESPONSE_LEN - 1 : -1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.batch["responses"].cuda().unsqueeze(-1))
+        return lp.squeeze(-1).cpu() * batch.batch["response_mask"]
+
+    rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     out = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
     assert out.batch["responses"].shape == (len(TEXTS), RESPONSE_LEN)
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(out), atol=1e-3, rtol=0)
     again = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
-    assert torch.equal(out.batch["responses"], again.batch["responses"])  # greedy
+    assert torch.equal(out.batch["responses"], again.batch["responses"])
+    torch.testing.assert_close(again.batch["rollout_log_probs"], out.batch["rollout_log_probs"], atol=1e-4, rtol=0)
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    rollout.update_weights({k: v.cpu() for k, v in model.state_dict().items()})
+            p.add_(0.05 * torch.randn_like(p))
+    rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     new = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
-    assert not torch.equal(new.batch["responses"], out.batch["responses"])
+    torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(new), atol=1e-3, rtol=0)

@@ -18,8 +18,8 @@ from verl.models.tiny import random_qwen2
 from verl.utils.fsdp_utils import free_port
 from verl.workers.lora import apply_lora
 from verl.workers.rollout.base import engine_dtype, named_tensor_stream
+from verl.workers.rollout.gpu_engines import weight_buckets_by_size
 from verl.workers.rollout.hf_rollout import HFRollout
-from verl.workers.rollout.sglang_rollout import weight_buckets
 from verl.workers.weight_sync import (
     GatherStats,
     actor_weight_buckets,
@@ -140,9 +140,10 @@ def test_engine_readers_take_dicts_pairs_and_buckets():
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
     for source in ({"a": a, "b": b, "c": c}, [("a", a), ("b", b), ("c", c)], [[("a", a), ("b", b)], [("c", c)]]):
         assert [n for n, _ in named_tensor_stream(source)] == ["a", "b", "c"]
-    assert [[n for n, _ in bk] for bk in weight_buckets({"a": a, "b": b})] == [["a", "b"]]
-    assert [[n for n, _ in bk] for bk in weight_buckets(iter([("a", a), ("b", b)]))] == [["a"], ["b"]]
-    assert [[n for n, _ in bk] for bk in weight_buckets(iter([[("a", a), ("b", b)]]))] == [["a", "b"]]
+    big, one = 1 << 20, a.numel() * a.element_size()  # every tensor in one bucket; one tensor per bucket
+    assert [[n for n, _ in bk] for bk in weight_buckets_by_size({"a": a, "b": b}, big)] == [["a", "b"]]
+    assert [[n for n, _ in bk] for bk in weight_buckets_by_size(iter([("a", a), ("b", b)]), one)] == [["a"], ["b"]]
+    assert [[n for n, _ in bk] for bk in weight_buckets_by_size(iter([[("a", a), ("b", b)]]), one)] == [["a", "b"]]
 
 
 def test_hf_engine_reads_the_whole_stream_before_rejecting_a_name():

@@ -93,8 +93,8 @@ def test_config_helpers():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU failure message")
 def test_import_gpu_engine_names_the_cpu_engine():
-    with pytest.raises(RuntimeError, match=r"'vllm' needs a CUDA GPU.*rollout\.name=hf"):
-        import_gpu_engine("vllm", "vllm", "pip install vllm")
+    with pytest.raises(RuntimeError, match=r"'sglang' needs a CUDA GPU.*rollout\.name=hf"):
+        import_gpu_engine("sglang", "sglang", "pip install sglang")
 
 
 # ---------------------------------------------------------------------------------------------- buckets

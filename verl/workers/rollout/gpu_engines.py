@@ -1,12 +1,14 @@
-"""What the engines built from a model path (`vllm`, `sglang`) share: the lazy import, the request preparation and
-the output assembly of one `generate_sequences` call, and weight buckets by size.
+"""What the engines built from a model path (`vllm`, `sglang`) share: the request preparation and the output
+assembly of one `generate_sequences` call, weight buckets by size and the check that weights carry plain HF names.
 
-Owns `import_gpu_engine` (CUDA check + lazy import, with a message naming `rollout.name=hf`), `engine_kwargs_section`
+Owns `import_gpu_engine` (CUDA check + lazy import for the GPU-only `sglang`, with a message naming
+`rollout.name=hf`), `engine_kwargs_section`
 (`rollout.engine_kwargs.<engine>`), `max_model_len`, `EngineRequests` / `prepare_requests` (a left-padded prompt
 batch -> unpadded token-id prompts plus the sampling settings, eos/pad ids, stop ids, seed and whether log-probs are
 wanted), `assemble_output` (generated ids and sampled log-probs -> the PPO batch via `build_rollout_output`) and
 `weight_buckets_by_size` (a state dict, a stream of `(name, tensor)` pairs or a stream of buckets -> buckets of at
-most N bytes in the engine's dtype).
+most N bytes in the engine's dtype) and `peft_name_problem` (these engines load HF checkpoint names only, so a
+peft-named tensor is refused with a message saying LoRA must arrive merged).
 
 Nothing here imports an engine package. Layer 5: imports torch, verl.protocol and the rollout base; must not import
 Ray or verl.single_controller.
@@ -15,7 +17,7 @@ Ray or verl.single_controller.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +37,32 @@ from verl.workers.rollout.base import (
 __all__ = [
     "CPU_HINT",
     "EngineRequests",
+    "EngineMemory",
     "assemble_output",
     "engine_kwargs_section",
     "import_gpu_engine",
     "max_model_len",
+    "peft_name_problem",
     "prepare_requests",
     "weight_buckets_by_size",
 ]
 
 CPU_HINT = "use actor_rollout_ref.rollout.name=hf, the engine that runs on CPU and GPU"
 Bucket = list[tuple[str, torch.Tensor]]
+_PEFT_MARKS = ("base_model.model.", ".base_layer.", "lora_A", "lora_B", "lora_embedding_", "lora_magnitude_vector")
+
+
+def peft_name_problem(name: str) -> str | None:
+    """Why `name` is not a plain HF checkpoint name an engine built from model.path can load (a peft wrapper or
+    adapter name), or None."""
+    for mark in _PEFT_MARKS:
+        if mark in name:
+            return (
+                f"weight {name!r} has the peft name part {mark!r}; this rollout engine loads plain HF names only, so "
+                "LoRA adapters must be merged into the base weights before they are sent (verl.workers.weight_sync "
+                "mode 'merged', what the worker uses for engines built from model.path)"
+            )
+    return None
 
 
 def import_gpu_engine(engine: str, package: str, install_hint: str) -> Any:
@@ -73,6 +91,41 @@ def max_model_len(config: Any) -> int:
     """`rollout.max_model_len`, or prompt_length + response_length when null (the longest sequence a step makes)."""
     value = config.get("max_model_len", None)
     return int(value) if value is not None else int(config.prompt_length) + int(config.response_length)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+class EngineMemory:
+    """Which of an engine's releasable memory tags are released, and the calls that move between them in the order
+    a colocated engine needs (verl's `free_cache_engine`): after construction everything in `tags` is released; a
+    weight update resumes the weights only and leaves them resident; a generation resumes what is still released
+    (the KV cache) and releases everything after it. Does nothing when `enabled` is false.
+
+    release(tags): release these tags (all of `tags` at once). resume(tags): bring these back, in `tags` order.
+    """
+
+    def __init__(
+        self,
+        release: Callable[[list[str]], Any],
+        resume: Callable[[list[str]], Any],
+        tags: Sequence[str],
+        enabled: bool,
+    ):
+        self._release, self._resume, self.tags, self.enabled = release, resume, tuple(tags), enabled
+        self.released: set[str] = set()
+
+    def release(self) -> None:
+        """Release every tag; only from fully resident (a half-released engine is not released twice)."""
+        if self.enabled and not self.released:
+            self._release(list(self.tags))
+            self.released = set(self.tags)
+
+    def resume(self, *tags: str) -> None:
+        """Bring back `tags` (all of them when none is named) that are released, in `self.tags` order."""
+        wanted = set(tags or self.tags)
+        todo = [tag for tag in self.tags if tag in wanted and tag in self.released]
+        if todo:
+            self._resume(todo)
+            self.released -= set(todo)
 
 
 # ---------------------------------------------------------------------------------------------- requests

@@ -3,11 +3,16 @@
 Owns `SGLangRollout` and the pure functions `sglang_engine_kwargs` / `sglang_sampling_params` that map the rollout
 config (verl's keys and defaults) to `sglang.Engine(...)` and to one request's sampling params. The engine is built
 from `model.path` (with verl's `load_format: dummy`, random weights: the worker syncs the actor's before the first
-generation) with `enable_memory_saver=True`; with `free_cache_engine` (verl's default) `generate_sequences` resumes
-its memory occupation (weights and KV cache), generates from token ids and releases it again, so the actor's FSDP2
-training owns the GPU memory in between. `update_weights` takes the actor's weights as the worker streams them
-(`verl.workers.weight_sync`: buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes`, gathered lazily
-on the GPU in `rollout.dtype`, HF names; with LoRA the merged weights) and hands each bucket to
+generation) with `enable_memory_saver=True`. With `free_cache_engine` (verl's default) its memory is released after
+construction and after every generation, in the order `gpu_engines.EngineMemory` keeps: a weight update resumes the
+weights only, loads them and leaves them resident; a generation resumes the KV cache (and CUDA graphs), generates
+from token ids and releases everything again, so the actor's FSDP2 training owns the GPU memory in between.
+Released weights must come back intact (two generations can follow each other without an update, e.g. validation
+after a training step): the engine is built with `enable_weights_cpu_backup=True`, so a release copies them to host
+memory; an sglang too old to know that option keeps its weights resident and releases only the rest (one notice).
+`update_weights` takes the actor's weights as the worker streams them (`verl.workers.weight_sync`: buckets of
+`rollout.checkpoint_engine.update_weights_bucket_megabytes`, gathered lazily on the GPU in `rollout.dtype`, HF
+names; with LoRA the merged weights), regroups them by that size and hands each bucket to
 `Engine.update_weights_from_tensor`, flushing the prefix cache once at the end.
 
 SGLang is imported lazily: asking for this engine on a machine without CUDA or without sglang fails at
@@ -20,8 +25,9 @@ Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Iterator, Mapping
+import sys
 from typing import Any
 
 import torch
@@ -29,25 +35,36 @@ import torch
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype
 from verl.workers.rollout.gpu_engines import (
+    CPU_HINT,
+    EngineMemory,
     assemble_output,
     engine_kwargs_section,
     import_gpu_engine,
     max_model_len,
+    peft_name_problem,
     prepare_requests,
+    weight_buckets_by_size,
 )
+from verl.workers.weight_sync import bucket_bytes
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang's release/resume tags, in the order they come back
+WEIGHTS_BACKUP = "enable_weights_cpu_backup"
 
 
 def _import_sglang():
     return import_gpu_engine("sglang", "sglang", "`pip install sglang`")
 
 
-def sglang_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool = False) -> dict[str, Any]:
+def sglang_engine_kwargs(
+    config: Any, model_path: str, trust_remote_code: bool = False, knows_weights_backup: bool = True
+) -> dict[str, Any]:
     """Keyword arguments of `sglang.Engine(...)` from the `actor_rollout_ref.rollout` section (verl's mapping).
 
     gpu_memory_utilization -> mem_fraction_static, enforce_eager -> disable_cuda_graph, max_num_seqs ->
     max_running_requests, enable_prefix_caching=false -> disable_radix_cache, enable_chunked_prefill=false ->
-    chunked_prefill_size -1 (else max_num_batched_tokens), max_model_len -> context_length; `engine_kwargs.sglang`
-    is merged last and wins.
+    chunked_prefill_size -1 (else max_num_batched_tokens), max_model_len -> context_length; with `free_cache_engine`
+    and an sglang that knows it (`knows_weights_backup`), `enable_weights_cpu_backup` (released weights are kept in
+    host memory). `engine_kwargs.sglang` is merged last and wins.
     """
     chunked_prefill = bool(config.get("enable_chunked_prefill", True))
     kwargs = {
@@ -68,6 +85,8 @@ def sglang_engine_kwargs(config: Any, model_path: str, trust_remote_code: bool =
         "skip_tokenizer_init": True,  # token ids in and out
         "log_level": "error",
     }
+    if bool(config.get("free_cache_engine", True)) and knows_weights_backup:
+        kwargs[WEIGHTS_BACKUP] = True
     kwargs.update(engine_kwargs_section(config, "sglang"))
     return kwargs
 
@@ -88,15 +107,22 @@ def sglang_sampling_params(
     }
 
 
-def weight_buckets(weights: WeightSource) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """`update_weights`' input as buckets (lists of `(name, tensor)`): a state dict is one bucket, a stream of
-    pairs is one bucket per pair, a stream of buckets is passed through."""
-    if isinstance(weights, Mapping):
-        yield list(weights.items())
-        return
-    for item in weights:
-        yield [item] if isinstance(item, tuple) else list(item)
-        del item
+def releasable_tags(kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """The memory tags an engine built with `kwargs` may release between generations: all of them when released
+    weights are backed up in host memory (`enable_weights_cpu_backup`), else all but the weights (released weights
+    without a backup are lost)."""
+    if kwargs.get(WEIGHTS_BACKUP):
+        return MEMORY_TAGS
+    return tuple(tag for tag in MEMORY_TAGS if tag != "weights")
+
+
+def _knows_weights_backup() -> bool:
+    """Whether the installed sglang's ServerArgs has `enable_weights_cpu_backup`."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:
+        return False
+    return WEIGHTS_BACKUP in {field.name for field in dataclasses.fields(ServerArgs)}
 
 
 def _known_sampling_keys(sglang: Any) -> set[str] | None:
@@ -119,42 +145,63 @@ class SGLangRollout(BaseRollout):
     builds_from_path = True  # the worker passes model.path and syncs the actor's weights before generating
     takes_buckets = True  # one update_weights_from_tensor request per bucket (verl's update_weights_bucket_megabytes)
 
-    def __init__(self, model_path: str, config: Any, tokenizer: Any = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        config: Any,
+        tokenizer: Any = None,
+        trust_remote_code: bool = False,
+        device: str | None = None,
+    ):
+        if device not in (None, "cuda"):
+            raise RuntimeError(f"rollout engine 'sglang' runs on CUDA GPUs only, not on {device}; {CPU_HINT}")
         sglang = _import_sglang()
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.response_length)
-        kwargs = sglang_engine_kwargs(config, model_path, trust_remote_code)
+        self.bucket_bytes = bucket_bytes(config)
+        kwargs = sglang_engine_kwargs(config, model_path, trust_remote_code, _knows_weights_backup())
         self.weight_dtype = engine_dtype(kwargs["dtype"])
         self.engine = sglang.Engine(**kwargs)
         self._sampling_keys = _known_sampling_keys(sglang)
-        self.frees_memory = bool(config.get("free_cache_engine", True)) and hasattr(
-            self.engine, "release_memory_occupation"
+        frees = bool(config.get("free_cache_engine", True)) and hasattr(self.engine, "release_memory_occupation")
+        tags = releasable_tags(kwargs)
+        if frees and "weights" not in tags:
+            print(
+                f"notice: the installed sglang has no {WEIGHTS_BACKUP}: with free_cache_engine the weights stay on "
+                "the GPU and only the KV cache is released between generations",
+                file=sys.stderr,
+            )
+        self.memory = EngineMemory(
+            release=lambda t: self.engine.release_memory_occupation(tags=t),
+            resume=lambda t: self.engine.resume_memory_occupation(tags=t),
+            tags=tags,
+            enabled=frees,
         )
-        self._release()
+        self.memory.release()
         self._calls = 0
-
-    # ------------------------------------------------------------------ memory
-    def _release(self, tags: list[str] | None = None) -> None:
-        if self.frees_memory:
-            self.engine.release_memory_occupation(**({"tags": tags} if tags else {}))
-
-    def _resume(self, tags: list[str] | None = None) -> None:
-        if self.frees_memory:
-            self.engine.resume_memory_occupation(**({"tags": tags} if tags else {}))
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: WeightSource) -> None:
-        """Load the actor's weights with `update_weights_from_tensor`, one request per bucket (a state dict is one
-        bucket), weights resumed meanwhile; the prefix cache is flushed once, after the last bucket."""
-        self._resume(["weights"])
-        try:
-            for bucket in weight_buckets(weights):
-                self.engine.update_weights_from_tensor(bucket, flush_cache=False)
-                del bucket
-            self.engine.flush_cache()
-        finally:
-            self._release(["weights"])
+        """Load the actor's weights with `update_weights_from_tensor`, one request per bucket of
+        `update_weights_bucket_megabytes`, with the weights resumed (they stay resident until the next generation
+        has run); the prefix cache is flushed once, after the last bucket. The input is read to its end even after
+        an error (it may be a collective over the actor's ranks); then the first error is raised."""
+        self.memory.resume("weights")
+        error: Exception | None = None
+        for bucket in weight_buckets_by_size(weights, self.bucket_bytes, self.weight_dtype):
+            if error is None:
+                try:
+                    problem = next((p for p in (peft_name_problem(name) for name, _ in bucket) if p), None)
+                    if problem is not None:
+                        raise ValueError(problem)
+                    self.engine.update_weights_from_tensor(bucket, flush_cache=False)
+                except Exception as err:  # keep reading: the other ranks are gathering the rest
+                    error = err
+            del bucket
+        if error is not None:
+            raise error
+        self.engine.flush_cache()
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -172,13 +219,13 @@ class SGLangRollout(BaseRollout):
             if self._sampling_keys is not None:
                 p = {k: v for k, v in p.items() if k in self._sampling_keys}
             params.append(p)
-        self._resume()
+        self.memory.resume()
         try:
             outputs = self.engine.generate(
                 input_ids=req.prompt_ids, sampling_params=params, return_logprob=req.want_log_probs
             )
         finally:
-            self._release()
+            self.memory.release()
 
         generated = [out["output_ids"] for out in outputs]
         log_probs = None
