@@ -29,7 +29,7 @@ def server(tiny_model_dir):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "verl.rollout_server", "--model", tiny_model_dir, "--port", "0", "--max-tokens", "12",
-         "--window-ms", "200", "--served-model-name", "tiny"],
+         "--window-ms", "200", "--served-model-name", "tiny", "--engine", "hf"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     seen = []

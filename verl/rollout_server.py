@@ -16,6 +16,14 @@ not supported (`stream: true` is a 400). The server binds 127.0.0.1 only; errors
 
     python -m verl.rollout_server --model outputs/default/sft_model --port 8000 --max-tokens 128
 
+`--engine vllm` (the default `auto` picks it where vLLM is installed for the device) serves through vLLM's own
+OpenAI server instead (`vllm.entrypoints.openai.api_server`, a child process; this process waits until it answers
+`/health`, prints the same `serving ...` line, and stops it on SIGTERM or Ctrl-C): the same `/v1` routes and
+`/health`, vLLM's batching, `prompt_token_ids` and per choice `token_ids` in every response (the
+`TokenIdsByDefault` middleware asks vLLM for them: `return_token_ids`), log-probs with `logprobs: true`;
+`--max-tokens` is the default `max_tokens`; on CPU without chunked prefill (seeded requests) and with a KV cache
+sized for `--max-batch-size` sequences; no `/stats`.
+
 Layer 8 (an entry point): composes the engine (layer 5) and the client; must not import Ray or the trainer.
 """
 
@@ -25,7 +33,12 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -126,6 +139,132 @@ def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+# ---------------------------------------------------------------------------------------------- vLLM's server
+TOKEN_ID_ROUTES = ("/v1/chat/completions", "/v1/completions")
+
+
+class TokenIdsByDefault:
+    """ASGI middleware for vLLM's OpenAI server (`--middleware verl.rollout_server.TokenIdsByDefault`): a POST to
+    `TOKEN_ID_ROUTES` whose JSON body does not say `return_token_ids` gets `return_token_ids: true`, so the response
+    carries `prompt_token_ids` and each choice's `token_ids`, as this package's own server always does."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in TOKEN_ID_ROUTES:
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:  # vLLM answers a body that is not JSON with its own error
+            request = None
+        if isinstance(request, dict) and "return_token_ids" not in request:
+            request["return_token_ids"] = True
+            body = json.dumps(request).encode()
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+        scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def vllm_server_command(args: argparse.Namespace, name: str, port: int, device: str) -> list[str]:
+    """The command line of vLLM's OpenAI server for this server's arguments."""
+    from transformers import AutoConfig
+
+    from verl.workers.rollout.base import engine_dtype
+    from verl.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
+
+    seqs = int(args.max_batch_size or 64)
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--host", args.host,
+        "--port", str(port), "--served-model-name", name, "--dtype", args.dtype, "--seed", str(args.seed),
+        "--max-num-seqs", str(seqs), "--middleware", "verl.rollout_server.TokenIdsByDefault",
+        "--override-generation-config", json.dumps({"max_new_tokens": int(args.max_tokens)}),
+    ]  # fmt: skip
+    if device == "cpu":  # what VLLMRollout does on CPU (verl.workers.rollout.vllm_rollout.apply_platform_limits)
+        hf_config = AutoConfig.from_pretrained(args.model)
+        model_len = int(getattr(hf_config, "max_position_embeddings", 4096))
+        kv_bytes = cpu_kv_cache_bytes(hf_config, engine_dtype(args.dtype), seqs, model_len, cap=8 << 30)
+        cmd += ["--enforce-eager", "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(model_len),
+                "--kv-cache-memory-bytes", str(kv_bytes)]  # fmt: skip
+    return cmd
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def serve_with_vllm(args: argparse.Namespace, name: str, device: str, ready_timeout_s: float = 600.0) -> int:
+    """Run vLLM's OpenAI server as a child process until it exits or this process is stopped; returns its code."""
+    host = "127.0.0.1" if args.host == "localhost" else args.host
+    port = args.port or _free_port(host)
+    child = subprocess.Popen(vllm_server_command(args, name, port, device))
+
+    def stop(*_: Any) -> None:
+        child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + ready_timeout_s
+    try:
+        while child.poll() is None:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM's server did not answer {url}/health within {ready_timeout_s:.0f} s")
+            time.sleep(0.5)
+        else:
+            print(f"error: vLLM's server exited with code {child.returncode} before serving", file=sys.stderr)
+            return child.returncode or 1
+        print(f"serving {name!r} on {url}/v1 (vLLM)", flush=True)
+        return child.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def choose_engine(engine: str, device: str) -> str:
+    """`--engine`: hf or vllm as asked (vllm where it cannot run here is an error), auto: vllm where it is
+    installed for `device`, else hf."""
+    from verl.workers.rollout import engine_device
+
+    where = engine_device("vllm")
+    runs_here = where == device
+    if engine == "auto":
+        return "vllm" if runs_here else "hf"
+    if engine == "vllm" and not runs_here:
+        found = "not installed" if where is None else f"installed for {where}"
+        raise ValueError(f"--engine vllm: vllm is {found}, not for --device {device}; use --engine hf")
+    return engine
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="Hugging Face model folder (causal LM + tokenizer)")
@@ -138,12 +277,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="base seed of generation")
     parser.add_argument("--window-ms", type=float, default=5.0, help="how long a request waits for others to batch")
     parser.add_argument("--max-batch-size", type=int, default=None, help="most requests per generate call")
+    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
+                        help="hf: this package's server; vllm: vLLM's OpenAI server; auto: vllm where installed")  # fmt: skip
     args = parser.parse_args(argv)
     if args.host not in LOCAL_HOSTS:
         parser.error(f"--host {args.host!r}: this server binds only to {LOCAL_HOSTS} (no authentication)")
     if not os.path.isdir(args.model):
         parser.error(f"--model {args.model!r} is not a directory (a Hugging Face model folder is needed)")
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+    try:
+        engine = choose_engine(args.engine, args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    if engine == "vllm":
+        sys.exit(serve_with_vllm(args, name, args.device))
     service = RolloutService(args.model, name, args.max_tokens, args.device, args.seed, args.window_ms,
                              args.max_batch_size, args.dtype)  # fmt: skip
     server = ThreadingHTTPServer((args.host, args.port), make_handler(service))
