@@ -191,7 +191,7 @@ def test_worker_killed_mid_step_fails_fast_naming_role_and_rank(tiny_model_dir, 
     assert record["pids"], "no worker process was found to kill"
     assert ended - record["killed_at"] < 60, "the driver did not fail within 60 s of the worker's death"
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
-    assert last.startswith("error: WorkerDiedError: 'compute_log_prob' on role 'actor_rollout_ref'"), last
+    assert last.startswith("error: WorkerDiedError: step 2: 'compute_log_prob' on role 'actor_rollout_ref'"), last
     assert "rank 0 failed: the worker died" in last
     # the checkpoint of step 1 is the latest, complete, and unchanged since the moment of the kill
     assert record["latest"] == ckpt.step_dir(str(run_dir), 1) == ckpt.find_latest_checkpoint(str(run_dir))

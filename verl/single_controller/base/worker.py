@@ -57,6 +57,20 @@ def get_node_ip() -> str:
     return "127.0.0.1"
 
 
+def node_label() -> str:
+    """This process's node for messages: `<ip> (host <hostname>, Ray node <id>)` (the id's first 8 digits; no id
+    outside a Ray session). Several nodes on one machine share the IP and host name but not the id."""
+    label = f"{get_node_ip()} (host {socket.gethostname()}"
+    try:
+        import ray
+
+        if ray.is_initialized():
+            label += f", Ray node {ray.get_runtime_context().get_node_id()[:8]}"
+    except ImportError:
+        pass
+    return label + ")"
+
+
 def get_free_port() -> int:
     """A TCP port free on this node right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -127,6 +141,41 @@ def retain_freed_memory_from_env() -> bool:
     return bool(mallopt(m_mmap_threshold, limit)) and bool(mallopt(m_trim_threshold, limit))
 
 
+_RAYLET_WATCH_S = 1.0
+_raylet_watched = False
+
+
+def exit_when_raylet_dies(rank: int) -> bool:
+    """In a Ray worker process (its parent is the node's raylet), a daemon thread that ends the process once the
+    raylet is gone (the process is then re-parented): a worker on a lost node must not outlive its driver, and Ray
+    itself, with the raylet dead, never stops it. Returns whether the watch was started."""
+    import threading
+
+    global _raylet_watched
+    if _raylet_watched:  # fused roles: several Workers in one process, one watch
+        return True
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm", encoding="utf-8") as f:
+            if f.read().strip() != "raylet":
+                return False
+    except OSError:  # no /proc (not Linux): no watch
+        return False
+
+    def watch() -> None:
+        import sys
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(_RAYLET_WATCH_S)
+        print(f"rank {rank}: the raylet of this node (pid {parent}) is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="verl-raylet-watch", daemon=True).start()
+    _raylet_watched = True
+    return True
+
+
 class Worker:
     """One rank of a worker group. Subclasses must call `super().__init__()` first in their `__init__`.
 
@@ -155,6 +204,7 @@ class Worker:
             )
         self._num_threads = set_torch_threads_from_env()
         self._retains_freed_memory = retain_freed_memory_from_env()
+        exit_when_raylet_dies(self._rank)
         cpu_blas.prepare()  # VERL_CPU_BLAS: the training passes' CPU products through OpenBLAS (cpu_blas keeps it)
         adaptive_threads_from_env(self._num_threads)  # the process's policy lives in cpu_share (read by @register)
 
@@ -245,3 +295,9 @@ class Worker:
         from verl.utils.system_metrics import process_metrics
 
         return process_metrics()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sees_path(self, path: str) -> dict[str, object]:
+        """Whether `path` exists where this rank runs (a file another node wrote is there only on shared storage):
+        `{"rank", "node", "exists"}`, one dict per rank."""
+        return {"rank": self.rank, "node": node_label(), "exists": os.path.exists(path)}

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -49,6 +49,16 @@ from verl.single_controller.base.worker import (
     cpu_worker_threading_env,
 )
 from verl.single_controller.base.worker_group import WorkerGroup
+from verl.single_controller.ray.nodes import (
+    NEVER_STARTED,
+    NODE_CHECK_S,
+    bundle_nodes,
+    describe_lost,
+    looks_like_lost_peer,
+    loss_wait_s,
+    never_started_cause,
+    wait_for_lost_nodes,
+)
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
@@ -203,6 +213,7 @@ class WorkerGroupFuture(DataProtoFuture):
         method: str,
         label: str,
         timeout_s: float | None,
+        rank_nodes: list[str | None] | None = None,
     ) -> None:
         super().__init__(collect_fn=finish, futures=refs)
         self._refs = refs
@@ -211,6 +222,7 @@ class WorkerGroupFuture(DataProtoFuture):
         self._method = method
         self._label = label
         self._timeout_s = timeout_s
+        self._rank_nodes = rank_nodes  # the Ray node of every rank of the group (None: not known, not checked)
         self._done = False
         self._result: Any = None
 
@@ -235,29 +247,97 @@ class WorkerGroupFuture(DataProtoFuture):
         pending = list(self._refs)
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            tick = remaining
+            if self._rank_nodes is not None:  # wake up every NODE_CHECK_S to look at the nodes
+                tick = NODE_CHECK_S if remaining is None else min(remaining, NODE_CHECK_S)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=tick)
             if not ready:
+                self._raise_if_nodes_lost(None)  # a node that went away answers nothing: check every tick
+                if deadline is None or time.monotonic() < deadline:
+                    continue
                 waiting = sorted(rank_of[ref] for ref in pending)
                 raise TimeoutError(
                     f"'{self._method}' on {self._label} rank {waiting[0]} did not finish within {timeout_s} s "
                     f"(ranks still running: {waiting})"
                 )
             rank = rank_of[ready[0]]
-            outputs[rank] = self._get_one(ready[0], rank)
+            outputs[rank] = self._get_one(ready[0], rank, pending, rank_of)
         return [outputs[rank] for rank in self._ranks]
 
-    def _get_one(self, ref: ray.ObjectRef, rank: int) -> Any:
+    def _raise_if_nodes_lost(self, cause: BaseException | None, wait_s: float = 0.0) -> None:
+        """WorkerDiedError naming the lost nodes and their ranks when Ray reports a node of this group dead (waiting
+        up to `wait_s` for it to say so); nothing when the nodes are not known or all alive."""
+        if self._rank_nodes is None:
+            return
+        lost = wait_for_lost_nodes(self._rank_nodes, wait_s)
+        if lost:
+            message = describe_lost(lost, self._rank_nodes, self._method, self._label)
+            raise WorkerDiedError(message + (f" (first error: {_last_line(cause)})" if cause else "")) from cause
+
+    def _raise_lost_peer(self, err: BaseException, pending: list, rank_of: dict) -> None:
+        """A rank's collective failed the way it does when a peer went away: wait up to `loss_wait_s()` for the
+        cause to show (Ray marking a node of this group dead, or another rank of this call dying) and raise that
+        instead, naming the lost node or the dead rank; return when neither shows."""
+        deadline = time.monotonic() + loss_wait_s()
+        pending = list(pending)
+        while time.monotonic() < deadline:
+            self._raise_if_nodes_lost(err)
+            if not pending:  # no other rank to hear from: only Ray's verdict on the nodes can still come
+                if self._rank_nodes is None:
+                    return
+                deadline = min(deadline, time.monotonic() + NODE_CHECK_S)
+                time.sleep(1.0)
+                continue
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except RayTaskError:  # another survivor's collective
+                    continue
+                except RayError as death:
+                    raise self._died(death, rank_of[ref]) from death
+
+    def _get_one(self, ref: ray.ObjectRef, rank: int, pending: list = (), rank_of: dict | None = None) -> Any:
         where = f"'{self._method}' on {self._label} rank {rank}"
         try:
             return ray.get(ref)
         except RayTaskError as err:  # the method raised: keep the exception's type, say where it happened
+            if looks_like_lost_peer(err):  # a surviving rank's collective: name the lost peer instead
+                self._raise_lost_peer(err, list(pending), rank_of or {})
             if hasattr(err, "add_note"):
                 err.add_note(f"raised by {where}")
             raise
         except RayError as err:
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            summary = " ... ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)  # e.g. the __init__ error
-            raise WorkerDiedError(f"{where} failed: the worker died ({type(err).__name__}: {summary})") from err
+            if NEVER_STARTED in str(err):  # Ray's reason is in its logs, not in the error
+                cause = never_started_cause()
+                if cause:
+                    raise WorkerDiedError(f"{where} failed: the worker never started: {cause}") from err
+            raise self._died(err, rank) from err
+
+    def _died(self, err: RayError, rank: int) -> WorkerDiedError:
+        """The error for rank `rank`'s death: its lost node when Ray marks one dead (an unreachable actor may be on
+        a node Ray has not declared dead yet, its health checks take a while: then wait up to
+        `loss_wait_s()` for the verdict; a dead actor on a live node is final at once), else the death."""
+        self._raise_if_nodes_lost(err, loss_wait_s() if isinstance(err, ActorUnavailableError) else 0.0)
+        return WorkerDiedError(
+            f"'{self._method}' on {self._label} rank {rank} failed: the worker died ({_summary(err)})"
+        )
+
+
+def _last_line(err: BaseException, limit: int = 200) -> str:
+    """The last line of an error's message (a wrapped worker exception's own `Type: message`), colour codes
+    removed, at most `limit` characters."""
+    import re
+
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(err)).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(err).__name__
+    return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+def _summary(err: BaseException) -> str:
+    """`Type: first line ... last line` of an error (Ray's messages span many lines; the first and last say most)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {' ... '.join(lines[:1] + lines[-1:] if len(lines) > 1 else lines)}"
 
 
 # ----------------------------------------------------------------------------------------------- groups
@@ -334,6 +414,7 @@ class RayWorkerGroup(WorkerGroup):
         self.call_timeout_s = call_timeout_s
         self._user_cls = user_cls
         self._workers: list[ray.actor.ActorHandle] = []
+        self._rank_nodes: list[str | None] = []  # the Ray node id of each rank's placement bundle
         strategy = "STRICT_PACK" if bin_pack else "PACK"
         self._create_workers(ray_cls_with_init, resource_pool.get_placement_groups(strategy, detached), detached)
         self._bind_methods(user_cls, method_prefix="")
@@ -346,6 +427,11 @@ class RayWorkerGroup(WorkerGroup):
     def workers(self) -> list[ray.actor.ActorHandle]:
         """The Ray actor handles, in rank order."""
         return list(self._workers)
+
+    @property
+    def rank_nodes(self) -> list[str | None]:
+        """The Ray node id each rank runs on (its placement bundle's), in rank order."""
+        return list(self._rank_nodes)
 
     @property
     def label(self) -> str:
@@ -362,6 +448,7 @@ class RayWorkerGroup(WorkerGroup):
         master: dict[str, str] = {}
         rank = 0
         for pg, n_local in zip(pgs, pool.process_on_nodes):
+            self._rank_nodes += bundle_nodes(pg, n_local)
             for local_rank in range(n_local):
                 env_vars = {
                     "RANK": str(rank),
@@ -399,7 +486,7 @@ class RayWorkerGroup(WorkerGroup):
                 if rank == 0:
                     ref = actor.get_master_addr_port.remote()
                     future = WorkerGroupFuture(
-                        [ref], [0], lambda out: out[0], "__init__", self.label, self.call_timeout_s
+                        [ref], [0], lambda out: out[0], "__init__", self.label, self.call_timeout_s, self._rank_nodes
                     )
                     addr, port = future.get()
                     master = {"MASTER_ADDR": addr, "MASTER_PORT": port}
@@ -416,13 +503,14 @@ class RayWorkerGroup(WorkerGroup):
         def finish(outputs: list[Any]) -> Any:
             return outputs[0] if rank_zero_only else collect_outputs(attrs.dispatch_mode, outputs, calls)
 
-        return WorkerGroupFuture(refs, ranks, finish, name, self.label, self.call_timeout_s)
+        return WorkerGroupFuture(refs, ranks, finish, name, self.label, self.call_timeout_s, self._rank_nodes)
 
     def _share_with(self, handle: RayWorkerGroup) -> None:
         handle.resource_pool = self.resource_pool
         handle.name_prefix = self.name_prefix
         handle.call_timeout_s = self.call_timeout_s
         handle._workers = self._workers
+        handle._rank_nodes = self._rank_nodes
 
 
 # ------------------------------------------------------------------------------------------ colocation

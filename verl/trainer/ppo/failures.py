@@ -3,13 +3,15 @@
 Owns `NonFiniteStepsError` and `count_nonfinite_steps` (stop after `trainer.max_nonfinite_steps`
 non-finite updates in a row), `refuse_nonfinite_checkpoint` (turn a worker's `NonFiniteWeightsError`
 into one clear driver-side error), `RUN_FAILURES` (what `main_ppo` reports as one `error:` line instead of
-a traceback) and `one_line(err)`.
+a traceback), `one_line(err)` and `at_step` (a worker group's failure names the training step it happened in).
 
 Layer 8 helper: imports the exception types of the lower layers, never the trainer.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from verl.single_controller.ray.base import WorkerDiedError
@@ -19,6 +21,7 @@ from verl.workers.reward_manager.base import RewardFunctionError
 __all__ = [
     "RUN_FAILURES",
     "NonFiniteStepsError",
+    "at_step",
     "count_nonfinite_steps",
     "one_line",
     "refuse_nonfinite_checkpoint",
@@ -69,3 +72,12 @@ def one_line(err: BaseException) -> str:
     err = unwrap(err)
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+@contextlib.contextmanager
+def at_step(step: int) -> Iterator[None]:
+    """Inside the block, a `WorkerDiedError` (a worker or its node lost) is raised again as `step N: <message>`."""
+    try:
+        yield
+    except WorkerDiedError as err:
+        raise WorkerDiedError(f"step {step}: {err}") from err
