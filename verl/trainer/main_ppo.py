@@ -312,7 +312,6 @@ def shutdown_ray() -> None:
 
 def build_trainer(config: DictConfig):
     """Everything `run_ppo` does before `fit()`: returns the trainer with its workers started."""
-    import ray
     import torch
 
     from verl.single_controller import LocalWorkerGroup, RayWorkerGroup
@@ -394,7 +393,7 @@ def build_trainer(config: DictConfig):
     else:
         init_ray(config)
     if cpus_per_worker is None:
-        cpus_per_worker = max(1, int(ray.cluster_resources().get("CPU", 1)) // pool_manager.get_n_processes())
+        cpus_per_worker = pool_manager.default_cpus_per_process()
     pool_manager.cpus_per_process = int(cpus_per_worker)
     if domain_setup is not None:  # one group of reward actors per reward type; they start while the models load
         tokenizer_path = config.data.tokenizer or config.actor_rollout_ref.model.path
@@ -402,9 +401,24 @@ def build_trainer(config: DictConfig):
         trainer.reward_fn = trainer.reward_pool.reward_fn(num_examine=0)
         trainer.val_reward_fn = trainer.reward_pool.reward_fn(num_examine=num_examine)
     trainer.init_workers()
+    _print_placement(trainer)
     if trainer.reward_pool is not None:
         trainer.reward_pool.wait_ready()
     return trainer
+
+
+def _print_placement(trainer) -> None:
+    """One line per worker group whose ranks span several nodes: which node holds which ranks (from Ray's
+    placement groups)."""
+    from verl.single_controller.ray.nodes import describe_placement
+
+    groups = {
+        id(wg): wg for wg in (trainer.actor_rollout_wg, trainer.critic_wg, trainer.rm_wg, trainer.rollout_wg) if wg
+    }
+    for wg in groups.values():
+        line = describe_placement(wg.rank_nodes, wg.label) if hasattr(wg, "rank_nodes") else None
+        if line:
+            print(f"placement: {line}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

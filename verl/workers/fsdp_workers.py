@@ -54,6 +54,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
+from verl.single_controller.base.worker import node_label
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
 from verl.utils.mixed_precision import canonical_dtype
@@ -68,6 +69,7 @@ from verl.workers.worker_config import (
     critic_fsdp_config,
     normalize_batch_sizes,
     private_config,
+    require_dir_on_node,
     require_positive_int,
 )
 
@@ -90,6 +92,19 @@ def _accepts(cls: type, keyword: str) -> bool:
 
     params = inspect.signature(cls).parameters.values()
     return any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def saved_files(local_path: str, rank: int) -> dict[str, Any]:
+    """What `rank` wrote into a checkpoint folder, as seen where it runs: its `*_rank_{rank}.pt` files and, on rank
+    0, `huggingface/`; `{"rank", "node", "files"}` (the driver checks that it sees them before committing)."""
+    import os
+
+    names = (
+        sorted(f for f in os.listdir(local_path) if f.endswith(f"_rank_{rank}.pt")) if os.path.isdir(local_path) else []
+    )
+    if rank == 0 and os.path.isdir(os.path.join(local_path, "huggingface")):
+        names.append("huggingface")
+    return {"rank": rank, "node": node_label(), "files": names}
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -281,8 +296,9 @@ class ActorRolloutRefWorker(Worker):
         from verl.utils import fsdp_utils
         from verl.workers.weight_stream import BucketLoader
 
-        fsdp_utils.init_distributed()
         model_cfg = self.config.model
+        require_dir_on_node(model_cfg.path, "actor_rollout_ref.model.path", self.rank)
+        fsdp_utils.init_distributed()
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
         )
@@ -404,10 +420,12 @@ class ActorRolloutRefWorker(Worker):
         return _metrics_output(metrics)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
-        """Save the actor's sharded weights, optimizer, LR schedule and RNG (all ranks); HF copy with save_hf."""
+    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> dict[str, Any]:
+        """Save the actor's sharded weights, optimizer, LR schedule and RNG (all ranks); HF copy with save_hf.
+        Returns what this rank wrote (`saved_files`)."""
         self._require(self.actor, "save_checkpoint", "actor, actor_rollout or actor_rollout_ref")
         self.actor_engine.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        return saved_files(local_path, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
@@ -481,8 +499,10 @@ class CriticWorker(Worker):
         from verl.workers.critic.dp_critic import DataParallelPPOCritic
         from verl.workers.engine.fsdp import FSDPEngineWithValueHead
 
-        fsdp_utils.init_distributed()
         model_cfg = self.config.model
+        require_dir_on_node(model_cfg.path, "critic.model.path", self.rank, absolute_only=True)
+        require_dir_on_node(model_cfg.get("tokenizer_path"), "critic.model.tokenizer_path", self.rank, True, None)
+        fsdp_utils.init_distributed()
         trust = bool(model_cfg.get("trust_remote_code", False))
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
@@ -531,10 +551,11 @@ class CriticWorker(Worker):
         return _metrics_output(metrics)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> None:
-        """Save the critic's sharded weights, optimizer, LR schedule and RNG (all ranks)."""
+    def save_checkpoint(self, local_path: str, global_step: int = 0, save_hf: bool = False) -> dict[str, Any]:
+        """Save the critic's sharded weights, optimizer, LR schedule and RNG (all ranks); returns `saved_files`."""
         self._check_ready("save_checkpoint")
         self.critic_engine.save_checkpoint(local_path, global_step=global_step, save_hf=save_hf)
+        return saved_files(local_path, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:

@@ -35,6 +35,7 @@ from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils.device import get_device_name
 from verl.utils.tokenizer import hf_tokenizer
 from verl.utils.torch_functional import compute_position_id_with_mask
+from verl.workers.worker_config import require_dir_on_node
 
 __all__ = ["RewardModelWorker", "check_reward_model_config"]
 
@@ -123,8 +124,9 @@ class RewardModelWorker(Worker):
 
         from verl.utils import fsdp_utils  # FSDP2: imported in the worker, not by the driver (the class's importer)
 
-        fsdp_utils.init_distributed()
         path, trust = self.settings["model_path"], self.settings["trust_remote_code"]
+        require_dir_on_node(path, "reward_model.model.path", self.rank, absolute_only=True)
+        fsdp_utils.init_distributed()
         self.tokenizer = hf_tokenizer(path, trust_remote_code=trust)
         if self.settings["input_tokenizer"]:
             policy_tokenizer = hf_tokenizer(self.settings["input_tokenizer"], trust_remote_code=trust)

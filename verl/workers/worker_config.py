@@ -2,19 +2,23 @@
 
 Owns `normalize_batch_sizes` (verl's per-rank mini/micro batch sizes), `check_old_log_prob_reuse` (when the rollout's
 log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the helpers
-`fsdp_workers` uses (`private_config`, `require_positive_int`, `check_supported`, `critic_fsdp_config`).
+`fsdp_workers` uses (`private_config`, `require_positive_int`, `check_supported`, `critic_fsdp_config`,
+`require_dir_on_node`: a model folder the driver saw may be missing on another node).
 `verl.workers.fsdp_workers` imports them, so its import path for them still works. Every error names the key and its
 value. Dtype spellings are `verl.utils.mixed_precision.canonical_dtype`'s.
 
-Layer 7 (with the workers): imports omegaconf, `verl.utils.mixed_precision` and `verl.workers.lora`; no torch code.
+Layer 7 (with the workers): imports omegaconf, `verl.utils.mixed_precision`, `verl.workers.lora` and the worker
+base's `node_label`; no torch code.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.single_controller.base.worker import node_label
 from verl.utils.mixed_precision import canonical_dtype, resolve_mixed_precision
 from verl.workers.lora import lora_rank
 
@@ -25,8 +29,27 @@ __all__ = [
     "critic_fsdp_config",
     "normalize_batch_sizes",
     "private_config",
+    "require_dir_on_node",
     "require_positive_int",
 ]
+
+
+def require_dir_on_node(
+    path: Any, key: str, rank: int, absolute_only: bool = False, marker: str | None = "config.json"
+) -> None:
+    """FileNotFoundError naming `key`, the path, this node and `rank` when `path` is not a directory here (or lacks
+    `marker`, a model folder's config.json): the driver checked it on its own node, and on a cluster every node
+    needs the folder at the same path. With `absolute_only`, a relative path is left to the loader (it may be a hub
+    id resolved from the local cache)."""
+    if path is None or (absolute_only and not os.path.isabs(str(path))):
+        return
+    path = str(path)
+    if not os.path.isdir(path) or (marker and not os.path.isfile(os.path.join(path, marker))):
+        what = "is not a directory" if not os.path.isdir(path) else f"has no {marker}"
+        raise FileNotFoundError(
+            f"{key}={path!r} {what} on node {node_label()}, where rank {rank} runs; every node of the cluster needs "
+            "the model folder at this path (shared storage, or a copy on each node)"
+        )
 
 
 def private_config(config: Any) -> DictConfig:

@@ -168,3 +168,59 @@ def test_esi_save_due_only_near_expiry_and_with_save_freq(monkeypatch, capsys):
     monkeypatch.delenv("MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
     monkeypatch.setenv("SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", str(int(time.time()) + 100))
     assert ckpt.should_save_ckpt_esi(max_steps_duration=60) and not ckpt.should_save_ckpt_esi(max_steps_duration=10)
+
+
+class ProbeGroup:
+    """A worker group whose ranks see the driver's file system (`shared`) or a disk of their own."""
+
+    def __init__(self, shared: list[bool]):
+        self.shared = shared
+
+    def sees_path(self, path):
+        import os
+
+        return [
+            {"rank": r, "node": f"10.0.0.{r}", "exists": s and os.path.exists(path)} for r, s in enumerate(self.shared)
+        ]
+
+
+def test_shared_storage_probe_names_the_ranks_that_do_not_see_the_folder(tmp_path):
+    from verl.trainer.ppo.checkpoint import SharedStorageError, check_shared_storage
+
+    root = tmp_path / "run"
+    check_shared_storage(str(root), [ProbeGroup([True, True]), ProbeGroup([True])])
+    assert os.listdir(root) == []  # the probe file is gone
+    with pytest.raises(SharedStorageError, match=r"is not shared: a file the driver wrote there on node .* is missing for rank 1 on node 10.0.0.1;") as err:
+        check_shared_storage(str(root), [ProbeGroup([True, False])])
+    assert "trainer.default_local_dir must be storage every node shares" in str(err.value)
+    assert os.listdir(root) == []
+
+
+def test_a_step_whose_parts_the_driver_does_not_see_is_not_committed(tmp_path):
+    """Rank 1 wrote its shards on a disk of its own: the commit is refused naming the rank, its node and the files;
+    the last complete checkpoint stays latest."""
+    from verl.trainer.ppo.checkpoint import SharedStorageError, check_parts_visible
+
+    root = str(tmp_path)
+    _save(root, 1)
+    staging = ckpt.begin_checkpoint(root, 2)
+    actor = os.path.join(staging, "actor")
+    os.makedirs(actor)
+    open(os.path.join(actor, "model_world_size_2_rank_0.pt"), "w").close()
+    reports = [
+        {"rank": 0, "node": "10.0.0.1 (host a)", "files": ["model_world_size_2_rank_0.pt"]},
+        {
+            "rank": 1,
+            "node": "10.0.0.2 (host b)",
+            "files": ["model_world_size_2_rank_1.pt", "optim_world_size_2_rank_1.pt"],
+        },
+    ]
+    with pytest.raises(SharedStorageError) as err:
+        check_parts_visible(actor, reports, 2, ckpt.find_latest_checkpoint(root))
+    message = str(err.value)
+    assert "checkpoint of step 2 not committed" in message and "rank 1 on node 10.0.0.2 (host b)" in message
+    assert "optim_world_size_2_rank_1.pt" in message and "rank 0" not in message
+    assert message.endswith(f"stays {ckpt.step_dir(root, 1)}")
+    assert ckpt.find_latest_checkpoint(root) == ckpt.step_dir(root, 1)
+    check_parts_visible(actor, reports[:1], 2, None)  # what rank 0 wrote is there
+    check_parts_visible(actor, [None, None], 2, None)  # a worker class that reports nothing is not checked

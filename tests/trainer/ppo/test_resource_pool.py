@@ -41,3 +41,22 @@ def test_first_fit_places_each_node_share_on_one_node():
     assert not _first_fit([3], [2, 2])  # one placement group cannot span nodes
     assert _first_fit([3, 1, 2, 2], [4, 4])
     assert _first_fit([3, 3], [4, 4, 1])  # one per node
+
+
+@pytest.mark.parametrize(
+    "spec, node_cpus, expected",
+    [
+        ({"global_pool": [1]}, [2, 2], 2),  # nnodes=1 on 2 nodes x 2 CPUs: one node's 2, not the cluster's 4
+        ({"global_pool": [1, 1]}, [2, 2], 2),  # one worker per node
+        ({"global_pool": [2]}, [4], 2),  # one node: its CPUs over its workers (the single-node figure)
+        ({"global_pool": [1], "rollout_pool": [1]}, [2], 1),  # async: actor and rollout rank 0 share slot 0
+        ({"global_pool": [1, 1]}, [8, 2, 16], 8),  # the two biggest nodes host the slots: the smaller of them
+        ({"global_pool": [3]}, [2], 1),  # never below 1
+    ],
+)
+def test_default_cpus_per_worker_is_a_nodes_share(monkeypatch, spec, node_cpus, expected):
+    import ray
+
+    nodes = [{"Alive": True, "Resources": {"CPU": float(c)}} for c in node_cpus] + [{"Alive": False, "Resources": {}}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert _manager(spec).default_cpus_per_process() == expected

@@ -11,9 +11,14 @@ the critic limit M then removes `critic/` from all but the M newest folders. The
 so "latest" is never broken. Anything deleted is first renamed out of the way (one atomic rename), so a crash
 mid-deletion leaves either the whole part or no part, never a half-deleted one under its real name.
 
+Every rank writes its own files of a part where it runs; the driver commits the folder on its node. So the folder
+must be storage every node shares: `check_shared_storage` says so before training when a worker does not see a file
+the driver wrote there, and `check_parts_visible` refuses to commit a step whose parts (as each rank reported them)
+the driver does not see, instead of marking a checkpoint complete that holds only some ranks' shards.
+
 Also owns `should_save_ckpt_esi` (verl's forced save before a cloud capacity block expires).
 
-Layer 8 helper: file-system work only.
+Layer 8 helper: file-system work, and asking worker groups what they see (`sees_path`).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -30,6 +37,62 @@ COMPLETE_MARKER = "COMPLETE"
 STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 DELETING_PREFIX = ".deleting_"  # a folder renamed to this prefix is being removed (a crash may leave it)
 CRITIC_DIR = "critic"
+
+
+class SharedStorageError(FileNotFoundError):
+    """The checkpoint folder is not the same storage on every node (a part some rank wrote is not where the
+    driver commits it)."""
+
+
+SHARED_STORAGE_HINT = (
+    "every rank writes its checkpoint files where it runs and the driver commits the folder on its own node, so "
+    "trainer.default_local_dir must be storage every node shares (NFS or a cluster file system); or set "
+    "trainer.save_freq=-1 and trainer.resume_mode=disable"
+)
+
+
+def _driver_node() -> str:
+    from verl.single_controller.base.worker import node_label
+
+    return node_label()
+
+
+def check_shared_storage(root: str, groups: Iterable) -> None:
+    """Before training: every worker of `groups` (worker groups with `sees_path`) must see a file written here
+    into `root`, else SharedStorageError naming the nodes and ranks that do not."""
+    os.makedirs(root, exist_ok=True)
+    probe = os.path.join(root, f".shared_storage_probe_{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+    _write_atomic(probe, "written by the driver")
+    try:
+        reports = [report for group in groups for report in group.sees_path(probe)]
+    finally:
+        os.remove(probe)
+    blind = [f"rank {r['rank']} on node {r['node']}" for r in reports if not r["exists"]]
+    if blind:
+        raise SharedStorageError(
+            f"trainer.default_local_dir={root!r} is not shared: a file the driver wrote there on node "
+            f"{_driver_node()} is missing for {', '.join(blind)}; {SHARED_STORAGE_HINT}"
+        )
+
+
+def check_parts_visible(part_dir: str, reports: list | None, step: int, latest: str | None) -> None:
+    """Before a commit: every file a rank reported writing into `part_dir` (`{"rank", "node", "files"}` per rank,
+    what the workers' `save_checkpoint` returns) must be there as the driver sees it, else SharedStorageError
+    naming the ranks, their nodes and the missing files. Reports of another shape (a worker class that returns
+    nothing) are not checked."""
+    if not reports or not all(isinstance(r, dict) and "files" in r for r in reports):
+        return
+    missing = []
+    for report in reports:
+        absent = [name for name in report["files"] if not os.path.exists(os.path.join(part_dir, name))]
+        if absent:
+            missing.append(f"rank {report['rank']} on node {report['node']}: {absent[:4]}")
+    if missing:
+        raise SharedStorageError(
+            f"checkpoint of step {step} not committed: files the ranks wrote are not in {part_dir} on the driver's "
+            f"node {_driver_node()} ({'; '.join(missing)}); {SHARED_STORAGE_HINT}. The latest complete checkpoint "
+            f"stays {latest or 'none'}"
+        )
 
 
 def step_dir(root: str, step: int) -> str:

@@ -190,6 +190,9 @@ class RayPPOTrainer:
         self.n_workers = self.actor_rollout_wg.world_size
         self.rollout_wg = self.all_wgs.get("rollout", self.actor_rollout_wg)  # where every generation runs
         self.async_rollout = None
+        trainer_cfg = self.config.trainer
+        if (trainer_cfg.get("save_freq") or 0) > 0 or trainer_cfg.get("resume_mode", "auto") != "disable":
+            ckpt.check_shared_storage(self.run_dir, [wg for wg in (self.actor_rollout_wg, self.critic_wg) if wg])
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
             staleness = (self.config.get("async_training") or {}).get("max_staleness", 1)
@@ -285,11 +288,13 @@ class RayPPOTrainer:
         staging = ckpt.begin_checkpoint(root, self.global_steps)
         save_hf = "hf_model" in list(self.config.actor_rollout_ref.actor.checkpoint.get("save_contents", []))
         try:
-            self.actor_rollout_wg.save_checkpoint(
+            parts = {"actor": self.actor_rollout_wg.save_checkpoint(
                 os.path.join(staging, "actor"), global_step=self.global_steps, save_hf=save_hf
-            )
+            )}  # fmt: skip
             if self.use_critic:
-                self.critic_wg.save_checkpoint(os.path.join(staging, "critic"), global_step=self.global_steps)
+                parts["critic"] = self.critic_wg.save_checkpoint(
+                    os.path.join(staging, "critic"), global_step=self.global_steps
+                )
         except NonFiniteWeightsError as err:  # NaN/inf weights are never saved; the last checkpoint stays latest
             shutil.rmtree(staging, ignore_errors=True)
             raise failures.refuse_nonfinite_checkpoint(err, ckpt.find_latest_checkpoint(root)) from None
@@ -303,6 +308,10 @@ class RayPPOTrainer:
             "rlvr": None if self.rlvr is None else self.rlvr.state_dict(),  # running reward moments per domain
             "step_metrics": step_metrics,
         }
+        for part, reports in parts.items():  # every rank's files where this commit happens (shared storage)
+            ckpt.check_parts_visible(
+                os.path.join(staging, part), reports, self.global_steps, ckpt.find_latest_checkpoint(root)
+            )
         torch.save(state, os.path.join(staging, "trainer_state.pt"))
         keep_actor, keep_critic = ckpt.retention_limits(self.config.trainer)
         final = ckpt.commit_checkpoint(root, self.global_steps, max_to_keep=keep_actor, max_critic_to_keep=keep_critic)
@@ -493,7 +502,7 @@ class RayPPOTrainer:
             for epoch, _, batch in batches:
                 self.global_steps += 1
                 timing: dict[str, float] = {}
-                with marked_timer("step", timing):
+                with failures.at_step(self.global_steps), marked_timer("step", timing):
                     metrics = self._train_step(batch, timing)
                 self.epoch, self.batch_in_epoch = self._data_position
                 self.max_steps_duration = max(self.max_steps_duration, timing["step"])
@@ -515,7 +524,10 @@ class RayPPOTrainer:
                     and save_freq >= 0
                     and ((save_freq > 0 and self.global_steps % save_freq == 0) or is_last or expiring)
                 ):
-                    with marked_timer("save_checkpoint", timing):  # keeps the step's record (all but its own time)
+                    with (
+                        failures.at_step(self.global_steps),
+                        marked_timer("save_checkpoint", timing),
+                    ):  # all but its own time
                         summary["last_checkpoint"] = self._save_checkpoint(record)
                     record.update(self._timing_metrics(timing))  # now with the save's time
                 logger.log(record, step=self.global_steps)

@@ -73,6 +73,25 @@ class ResourcePoolManager:
                 f"(ray_kwargs.ray_init.num_cpus, or `ray start --num-cpus` on the cluster)"
             )
 
+    def default_cpus_per_process(self) -> int:
+        """CPUs per worker process when `trainer.cpus_per_worker` is unset: the busiest node slot's share of a node.
+
+        Slot i of every pool lands on one node (its placement group); the busiest slot holds the most processes
+        (e.g. the actor and a standalone rollout group's rank 0). The slots go to the nodes with the most CPUs, so
+        each process gets the smallest of those nodes' CPUs over the busiest slot's processes, at least 1: sized
+        per node, not from the cluster's total (which would ask one node for another node's CPUs)."""
+        import ray
+
+        slots = max(len(nodes) for nodes in self.resource_pool_spec.values())
+        per_slot = [sum(nodes[i] for nodes in self.resource_pool_spec.values() if i < len(nodes)) for i in range(slots)]
+        cpus = sorted(
+            (int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")), reverse=True
+        )
+        if not cpus:
+            return 1
+        smallest_used = cpus[min(slots, len(cpus)) - 1]
+        return max(1, smallest_used // max(1, max(per_slot)))
+
     def get_resource_pool(self, role: Role) -> RayResourcePool:
         return self.resource_pool_dict[self.mapping[role]]
 
