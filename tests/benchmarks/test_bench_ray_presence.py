@@ -1,5 +1,6 @@
 """The Ray-presence benchmark (benchmarks/bench_ray_presence.py): its measuring process honours the thread count
-(one thread: CPU seconds at most its wall seconds; two: well over) and reports the loop's time as JSON."""
+(one thread: CPU seconds at most its wall seconds; two: well over what one thread got) and reports the loop's time
+as JSON."""
 
 import json
 import os
@@ -25,4 +26,6 @@ def test_the_measuring_process_computes_on_the_threads_it_is_given():
     assert one["wall_s"] > 0 and one["cpu_s"] / one["wall_s"] < 1.2  # never more than one thread busy
     if len(os.sched_getaffinity(0)) >= 2:
         two = _child(2)
-        assert two["cpu_s"] / two["wall_s"] > 1.2  # both threads busy in the matmuls
+        # both threads busy in the matmuls: more cores' worth than one thread got just before (on a quiet
+        # machine ~1.9 against ~1.0; with two busy processes beside it ~1.0 against ~0.67)
+        assert two["cpu_s"] / two["wall_s"] > 1.2 * one["cpu_s"] / one["wall_s"], (one, two)
