@@ -24,7 +24,7 @@ from verl.workers.rollout.sglang_rollout import (
     sglang_sampling_params,
 )
 
-from .test_vllm_rollout import PROMPT_LEN, RESPONSE_LEN, TEXTS, make_prompts
+from .test_vllm_rollout import PROMPT_LEN, RESPONSE_LEN, TEXTS, hf_log_probs, make_prompts
 
 
 def rollout_config(**overrides):
@@ -132,20 +132,10 @@ def test_sglang_log_probs_follow_the_weights_across_release_and_resume(tiny_mode
     rollout = get_rollout_class("sglang")(tiny_model_dir, rollout_config(load_format="dummy"), tokenizer, device="cuda")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda().eval()
 
-    def hf_log_probs(batch):
-        with torch.no_grad():
-            logits = model(
-                input_ids=batch.batch["input_ids"].cuda(),
-                attention_mask=batch.batch["attention_mask"].cuda(),
-                position_ids=batch.batch["position_ids"].cuda(),
-            ).logits[:, -RESPONSE_LEN - 1 : -1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.batch["responses"].cuda().unsqueeze(-1))
-        return lp.squeeze(-1).cpu() * batch.batch["response_mask"]
-
     rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     out = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
     assert out.batch["responses"].shape == (len(TEXTS), RESPONSE_LEN)
-    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(out), atol=1e-3, rtol=0)
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), atol=1e-3, rtol=0)
     again = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
     assert torch.equal(out.batch["responses"], again.batch["responses"])
     torch.testing.assert_close(again.batch["rollout_log_probs"], out.batch["rollout_log_probs"], atol=1e-4, rtol=0)
@@ -155,4 +145,4 @@ def test_sglang_log_probs_follow_the_weights_across_release_and_resume(tiny_mode
             p.add_(0.05 * torch.randn_like(p))
     rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     new = rollout.generate_sequences(make_prompts(tokenizer, seed=1, validate=True))
-    torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(new), atol=1e-3, rtol=0)
+    torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(model, new), atol=1e-3, rtol=0)

@@ -52,6 +52,20 @@ def rollout_config(**overrides):
     return OmegaConf.create(cfg)
 
 
+def hf_log_probs(model: nn.Module, batch: DataProto) -> torch.Tensor:
+    """log p(response token) of a rollout's batch under an HF `model` (on its own device), temperature 1, 0 past
+    each response; on CPU."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.batch["input_ids"].to(device),
+            attention_mask=batch.batch["attention_mask"].to(device),
+            position_ids=batch.batch["position_ids"].to(device),
+        ).logits[:, -RESPONSE_LEN - 1 : -1]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.batch["responses"].to(device).unsqueeze(-1))
+    return lp.squeeze(-1).cpu() * batch.batch["response_mask"]
+
+
 def make_prompts(tokenizer, **meta) -> DataProto:
     ids = torch.full((len(TEXTS), PROMPT_LEN), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -377,19 +391,9 @@ def test_vllm_on_a_gpu_follows_the_actors_weights(tiny_model_dir):
     rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     assert rollout.memory.released == {"kv_cache"}
 
-    def hf_log_probs(batch: DataProto) -> torch.Tensor:
-        with torch.no_grad():
-            logits = model(
-                input_ids=batch.batch["input_ids"].cuda(),
-                attention_mask=batch.batch["attention_mask"].cuda(),
-                position_ids=batch.batch["position_ids"].cuda(),
-            ).logits[:, -RESPONSE_LEN - 1 : -1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, batch.batch["responses"].cuda().unsqueeze(-1))
-        return lp.squeeze(-1).cpu() * batch.batch["response_mask"]
-
     out = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
     assert rollout.memory.released == set(SLEEP_TAGS)
-    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(out), atol=1e-3, rtol=0)
+    torch.testing.assert_close(out.batch["rollout_log_probs"], hf_log_probs(model, out), atol=1e-3, rtol=0)
     again = rollout.generate_sequences(make_prompts(tokenizer, seed=1))  # woken from full sleep: same weights
     assert torch.equal(out.batch["responses"], again.batch["responses"])
     with torch.no_grad():
@@ -397,4 +401,4 @@ def test_vllm_on_a_gpu_follows_the_actors_weights(tiny_model_dir):
             p.add_(0.05 * torch.randn_like(p))
     rollout.update_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
     new = rollout.generate_sequences(make_prompts(tokenizer, seed=1))
-    torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(new), atol=1e-3, rtol=0)
+    torch.testing.assert_close(new.batch["rollout_log_probs"], hf_log_probs(model, new), atol=1e-3, rtol=0)
