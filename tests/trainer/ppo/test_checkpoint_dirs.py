@@ -188,17 +188,23 @@ def test_shared_storage_probe_names_the_ranks_that_do_not_see_the_folder(tmp_pat
     from verl.trainer.ppo.checkpoint import SharedStorageError, check_shared_storage
 
     root = tmp_path / "run"
-    check_shared_storage(str(root), [ProbeGroup([True, True]), ProbeGroup([True])])
+    saves = {"save_freq": 1, "resume_mode": "auto"}
+    check_shared_storage(saves, str(root), [ProbeGroup([True, True]), ProbeGroup([True]), None])
     assert os.listdir(root) == []  # the probe file is gone
-    with pytest.raises(SharedStorageError, match=r"is not shared: a file the driver wrote there on node .* is missing for rank 1 on node 10.0.0.1;") as err:
-        check_shared_storage(str(root), [ProbeGroup([True, False])])
+    with pytest.raises(
+        SharedStorageError,
+        match=r"is not shared: a file the driver wrote there on node .* is missing for rank 1 on node 10.0.0.1;",
+    ) as err:
+        check_shared_storage(saves, str(root), [ProbeGroup([True, False])])
     assert "trainer.default_local_dir must be storage every node shares" in str(err.value)
     assert os.listdir(root) == []
+    # a run that neither saves nor resumes does not care
+    check_shared_storage({"save_freq": -1, "resume_mode": "disable"}, str(root), [ProbeGroup([False])])
 
 
 def test_a_step_whose_parts_the_driver_does_not_see_is_not_committed(tmp_path):
-    """Rank 1 wrote its shards on a disk of its own: the commit is refused naming the rank, its node and the files;
-    the last complete checkpoint stays latest."""
+    """Rank 1 wrote its shards on a disk of its own: the commit is refused naming the part, the rank, its node and
+    the files; the last complete checkpoint stays latest."""
     from verl.trainer.ppo.checkpoint import SharedStorageError, check_parts_visible
 
     root = str(tmp_path)
@@ -216,11 +222,11 @@ def test_a_step_whose_parts_the_driver_does_not_see_is_not_committed(tmp_path):
         },
     ]
     with pytest.raises(SharedStorageError) as err:
-        check_parts_visible(actor, reports, 2, ckpt.find_latest_checkpoint(root))
+        check_parts_visible(staging, {"actor": reports}, 2, root)
     message = str(err.value)
-    assert "checkpoint of step 2 not committed" in message and "rank 1 on node 10.0.0.2 (host b)" in message
+    assert "checkpoint of step 2 not committed" in message and "actor rank 1 on node 10.0.0.2 (host b)" in message
     assert "optim_world_size_2_rank_1.pt" in message and "rank 0" not in message
     assert message.endswith(f"stays {ckpt.step_dir(root, 1)}")
     assert ckpt.find_latest_checkpoint(root) == ckpt.step_dir(root, 1)
-    check_parts_visible(actor, reports[:1], 2, None)  # what rank 0 wrote is there
-    check_parts_visible(actor, [None, None], 2, None)  # a worker class that reports nothing is not checked
+    check_parts_visible(staging, {"actor": reports[:1]}, 2, root)  # what rank 0 wrote is there
+    check_parts_visible(staging, {"actor": [None, None], "critic": None}, 2, root)  # reports nothing: not checked

@@ -57,9 +57,14 @@ def _driver_node() -> str:
     return node_label()
 
 
-def check_shared_storage(root: str, groups: Iterable) -> None:
-    """Before training: every worker of `groups` (worker groups with `sees_path`) must see a file written here
-    into `root`, else SharedStorageError naming the nodes and ranks that do not."""
+def check_shared_storage(trainer_config: Mapping, root: str, groups: Iterable) -> None:
+    """Before training, when the run saves or resumes checkpoints (`trainer.save_freq` > 0 or `resume_mode` not
+    `disable`): every worker of `groups` (worker groups with `sees_path`; None entries skipped) must see a file
+    written here into `root`, else SharedStorageError naming the nodes and ranks that do not."""
+    saves = (trainer_config.get("save_freq") or 0) > 0
+    if not saves and trainer_config.get("resume_mode", "auto") == "disable":
+        return
+    groups = [group for group in groups if group is not None]
     os.makedirs(root, exist_ok=True)
     probe = os.path.join(root, f".shared_storage_probe_{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
     _write_atomic(probe, "written by the driver")
@@ -75,23 +80,25 @@ def check_shared_storage(root: str, groups: Iterable) -> None:
         )
 
 
-def check_parts_visible(part_dir: str, reports: list | None, step: int, latest: str | None) -> None:
-    """Before a commit: every file a rank reported writing into `part_dir` (`{"rank", "node", "files"}` per rank,
-    what the workers' `save_checkpoint` returns) must be there as the driver sees it, else SharedStorageError
-    naming the ranks, their nodes and the missing files. Reports of another shape (a worker class that returns
-    nothing) are not checked."""
-    if not reports or not all(isinstance(r, dict) and "files" in r for r in reports):
-        return
+def check_parts_visible(staging: str, parts: Mapping[str, list | None], step: int, root: str) -> None:
+    """Before a commit: every file a rank reported writing into a part of the staging folder (`parts`: part name
+    -> per rank `{"rank", "node", "files"}`, what the workers' `save_checkpoint` returns) must be there as the
+    driver sees it, else SharedStorageError naming the ranks, their nodes and the missing files, and the latest
+    complete checkpoint under `root`. Reports of another shape (a worker class that returns nothing) are not
+    checked."""
     missing = []
-    for report in reports:
-        absent = [name for name in report["files"] if not os.path.exists(os.path.join(part_dir, name))]
-        if absent:
-            missing.append(f"rank {report['rank']} on node {report['node']}: {absent[:4]}")
+    for part, reports in parts.items():
+        if not reports or not all(isinstance(r, dict) and "files" in r for r in reports):
+            continue
+        for report in reports:
+            absent = [name for name in report["files"] if not os.path.exists(os.path.join(staging, part, name))]
+            if absent:
+                missing.append(f"{part} rank {report['rank']} on node {report['node']}: {absent[:4]}")
     if missing:
         raise SharedStorageError(
-            f"checkpoint of step {step} not committed: files the ranks wrote are not in {part_dir} on the driver's "
+            f"checkpoint of step {step} not committed: files the ranks wrote are not in {staging} on the driver's "
             f"node {_driver_node()} ({'; '.join(missing)}); {SHARED_STORAGE_HINT}. The latest complete checkpoint "
-            f"stays {latest or 'none'}"
+            f"stays {find_latest_checkpoint(root) or 'none'}"
         )
 
 

@@ -190,9 +190,7 @@ class RayPPOTrainer:
         self.n_workers = self.actor_rollout_wg.world_size
         self.rollout_wg = self.all_wgs.get("rollout", self.actor_rollout_wg)  # where every generation runs
         self.async_rollout = None
-        trainer_cfg = self.config.trainer
-        if (trainer_cfg.get("save_freq") or 0) > 0 or trainer_cfg.get("resume_mode", "auto") != "disable":
-            ckpt.check_shared_storage(self.run_dir, [wg for wg in (self.actor_rollout_wg, self.critic_wg) if wg])
+        ckpt.check_shared_storage(self.config.trainer, self.run_dir, [self.actor_rollout_wg, self.critic_wg])
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
             staleness = (self.config.get("async_training") or {}).get("max_staleness", 1)
@@ -308,10 +306,7 @@ class RayPPOTrainer:
             "rlvr": None if self.rlvr is None else self.rlvr.state_dict(),  # running reward moments per domain
             "step_metrics": step_metrics,
         }
-        for part, reports in parts.items():  # every rank's files where this commit happens (shared storage)
-            ckpt.check_parts_visible(
-                os.path.join(staging, part), reports, self.global_steps, ckpt.find_latest_checkpoint(root)
-            )
+        ckpt.check_parts_visible(staging, parts, self.global_steps, root)  # every rank's files where we commit
         torch.save(state, os.path.join(staging, "trainer_state.pt"))
         keep_actor, keep_critic = ckpt.retention_limits(self.config.trainer)
         final = ckpt.commit_checkpoint(root, self.global_steps, max_to_keep=keep_actor, max_critic_to_keep=keep_critic)

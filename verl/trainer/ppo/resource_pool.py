@@ -84,9 +84,7 @@ class ResourcePoolManager:
 
         slots = max(len(nodes) for nodes in self.resource_pool_spec.values())
         per_slot = [sum(nodes[i] for nodes in self.resource_pool_spec.values() if i < len(nodes)) for i in range(slots)]
-        cpus = sorted(
-            (int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")), reverse=True
-        )
+        cpus = sorted((int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")), reverse=True)
         if not cpus:
             return 1
         smallest_used = cpus[min(slots, len(cpus)) - 1]
