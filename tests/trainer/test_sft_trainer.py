@@ -15,10 +15,10 @@ from verl.trainer.fsdp_sft_trainer import (
     _to_device,
     build_model,
     default_sft_config,
+    enter_acceleration,
     micro_batch_loss,
     run_sft,
     sft_loss,
-    step_thread_policy,
 )
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.fsdp_utils import free_port
@@ -256,23 +256,29 @@ def _one_rank_group():
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(
-    "env, adaptive",
-    [({}, True), ({"OMP_WAIT_POLICY": "PASSIVE"}, False), ({"VERL_ADAPTIVE_THREADS": "0"}, False)],
-)
-def test_cpu_steps_pick_their_thread_count_unless_threads_sleep_or_told_not_to(monkeypatch, env, adaptive):
-    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VERL_ADAPTIVE_THREADS"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.mark.parametrize("env, adaptive", [({}, True), ({"VERL_ADAPTIVE_THREADS": "0"}, False)])
+def test_cpu_steps_pick_their_thread_count_unless_told_not_to(monkeypatch, env, adaptive):
+    from verl.cpu import threads
+    from verl.utils import acceleration
+
+    monkeypatch.delenv("VERL_ADAPTIVE_THREADS", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    policy = step_thread_policy("cpu")
-    assert (policy is not None) == adaptive
-    if adaptive:
-        assert policy.share == torch.get_num_threads()  # at most torch's count
-    assert step_thread_policy("cuda") is None
-    monkeypatch.setenv("VERL_ADAPTIVE_THREADS", "yes")
-    with pytest.raises(ValueError, match="VERL_ADAPTIVE_THREADS must be 0 or 1, got 'yes'"):
-        step_thread_policy("cpu")
+    try:
+        assert enter_acceleration("cpu", 2).name == "cpu"
+        assert (threads._POLICY is not None) == adaptive
+        if adaptive:
+            assert threads._POLICY.share == 2  # at most the given count
+        assert os.environ.get("VERL_ADAPTIVE_THREADS") == env.get("VERL_ADAPTIVE_THREADS")  # environment restored
+        acceleration.leave()
+        assert threads._POLICY is None
+        assert enter_acceleration("cuda", 2) is acceleration.GENERIC  # a GPU: no CPU speed-up at all
+        acceleration.leave()
+        monkeypatch.setenv("VERL_ADAPTIVE_THREADS", "yes")
+        with pytest.raises(ValueError, match="VERL_ADAPTIVE_THREADS must be 0 or 1, got 'yes'"):
+            enter_acceleration("cpu", 2)
+    finally:
+        acceleration.leave()
 
 
 # ------------------------------------------------------------------------------------------ trainer

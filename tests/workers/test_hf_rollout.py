@@ -10,9 +10,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from verl.cpu import lean_decode
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask
-from verl.workers.rollout import get_rollout_class, lean_decode
+from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.base import build_rollout_output, resolve_sampling
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -307,7 +308,7 @@ def test_decode_products_go_through_openblas_where_the_worker_chose_it(model, to
     """With `cpu_blas` prepared (the worker's choice on AMD CPUs), a CPU generation's products of at least MIN_ROWS
     rows run through OpenBLAS and give the samples torch's kernels give (the rounding differs, not enough to move a
     token of the tiny model here); after the call torch's kernels are back."""
-    from verl.utils import cpu_blas
+    from verl.cpu import blas as cpu_blas
 
     prompts = make_prompts(tokenizer).repeat(64)  # 128 rows
     baseline = HFRollout(model, rollout_config(), tokenizer).generate_sequences(prompts)

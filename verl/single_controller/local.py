@@ -2,8 +2,8 @@
 
 Owns `LocalWorkerGroup`, the drop-in for `RayWorkerGroup` that `trainer.single_process=true` uses. A
 laptop run has one worker process anyway; running it in the driver saves the second copy of torch and
-transformers in memory, Ray's daemons (gcs, raylet, agents, log monitor: ~350 MB resident) and
-Ray's start-up (~10 s), and passes batches by reference instead of through the object store.
+transformers in memory, Ray's daemons (gcs, raylet, agents, log monitor) and Ray's start-up, and passes
+batches by reference instead of through the object store.
 
 The group behaves like a `RayWorkerGroup` of world size 1: the same `@register`ed methods with the same
 dispatch and collect (`verl.single_controller.base.decorator`), `spawn` for fused roles
@@ -14,7 +14,7 @@ would; `close()` destroys its torch.distributed group and restores those variabl
 
 What a single process cannot do: more than one worker (several ranks, nodes or GPUs), a separate rollout
 group (`trainer.rollout_mode=async`), and reward actors (`data.domains`); the trainer refuses those.
-Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
+Layer 6 (see docs/architecture.md#layers): must not import trainer or worker (layer 7) code.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from verl.single_controller.base.decorator import (
     dispatch_calls,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import ADAPTIVE_THREADS_ENV, NUM_THREADS_ENV, Worker, get_free_port
+from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker, get_free_port
 from verl.single_controller.base.worker_group import WorkerGroup
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool
-from verl.utils import cpu_share
+from verl.utils import acceleration
 
 __all__ = ["DoneFuture", "LocalWorkerGroup", "close_local_worker_groups"]
 
@@ -96,8 +96,10 @@ class LocalWorkerGroup(WorkerGroup):
             "MASTER_PORT": str(get_free_port()),
             NUM_THREADS_ENV: str(resource_pool.num_threads_per_process()),
         }
-        if not resource_pool.use_gpu:  # the thread policy; OpenMP's variables were read when this process started
-            env[ADAPTIVE_THREADS_ENV] = os.environ.get(ADAPTIVE_THREADS_ENV, "1")
+        device = "cuda" if resource_pool.use_gpu else "cpu"
+        env[acceleration.WORKER_DEVICE_ENV] = device
+        # the device's speed-ups this running process can still take (verl.utils.acceleration)
+        env.update(acceleration.for_device(device).worker_env(new_process=False))
         self._saved_env = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         try:
@@ -151,7 +153,7 @@ class LocalWorkerGroup(WorkerGroup):
         from verl.utils.fsdp_utils import destroy_distributed
 
         destroy_distributed()
-        cpu_share.disable()  # the worker's thread policy ends with it
+        acceleration.leave()  # the worker's device speed-ups (a CPU's thread policy) end with it
         owner._restore_env()
 
     def _restore_env(self) -> None:

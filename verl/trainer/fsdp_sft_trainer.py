@@ -12,13 +12,12 @@ the environment) every rank holds a shard of the weights and `train_batch_size /
 The loss is normalised by the number of target tokens of the whole global batch, so N ranks compute the same
 update as one rank on the same global batch.
 
-Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, tokenizer, tracking, dataset, cpu_share, cpu_blas,
+Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, acceleration, tokenizer, tracking, dataset,
 packing) and the engine's packed forward (verl.workers.engine.model_forward); no Ray.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
@@ -35,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from verl.utils import cpu_blas, cpu_share
+from verl.utils import acceleration
 from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.device import get_device_name, get_dist_backend
 from verl.utils.fsdp_utils import (
@@ -311,16 +310,15 @@ def run_sft(config: DictConfig | dict) -> str:
     device = get_device_name(config.trainer.device)
     created_group = not dist.is_initialized()
     rank, world_size = init_distributed(backend=get_dist_backend(device))
-    num_threads = torch.get_num_threads()  # the steps may compute with fewer (`step_thread_policy`)
-    # CPU float32 products through OpenBLAS where faster (VERL_CPU_BLAS, as in the trainer's CPU workers)
-    blas = cpu_blas.products() if device == "cpu" and cpu_blas.prepare() else contextlib.nullcontext()
+    num_threads = torch.get_num_threads()  # the steps may compute with fewer (`enter_acceleration`)
     try:
-        with blas:
+        with enter_acceleration(device, num_threads).products():
             output_dir = _train(config, device, rank, world_size)
         if created_group:
             destroy_distributed()  # barrier first: gloo aborts when a rank leaves while its peer is still connected
         return output_dir
     finally:
+        acceleration.leave()
         torch.set_num_threads(num_threads)
         if created_group and dist.is_initialized():  # after an error: no barrier, the peer may never reach it
             dist.destroy_process_group()
@@ -344,15 +342,20 @@ def build_model(model_cfg: DictConfig, device: str) -> torch.nn.Module:
     return model
 
 
-def step_thread_policy(device: str) -> cpu_share.ThreadPolicy | None:
-    """On the CPU, where OpenMP's threads spin a while between kernels (libgomp's default), each step computes with as
-    many threads as the machine's other processes leave cores free, at most torch's count (`cpu_share`, as the
-    trainer's CPU workers do): spinning is ~15% faster per step on a quiet machine than sleeping at once
-    (`OMP_WAIT_POLICY=PASSIVE`), and one thread beside a busy process beats two that wait for each other.
-    `VERL_ADAPTIVE_THREADS=0` keeps torch's count; None then, on a GPU, or with OpenMP threads that sleep."""
-    if not cpu_share.adaptive_threads_wanted(default="1") or device != "cpu" or not cpu_share.openmp_threads_spin():
-        return None
-    return cpu_share.ThreadPolicy(torch.get_num_threads())
+def enter_acceleration(device: str, num_threads: int):
+    """Enter this process's device speed-ups for the SFT steps as a trainer's worker does (`verl.utils.acceleration`;
+    `acceleration.leave()` ends them) and return them: on the CPU, float32 products through OpenBLAS where faster,
+    the allocator keeping freed memory, and each step computing with as many threads as the machine's other
+    processes leave cores free, at most `num_threads` (`VERL_ADAPTIVE_THREADS`, default 1 as for the workers a group
+    starts; 0 keeps torch's count); nothing on a GPU."""
+    defaults = acceleration.for_device(device).worker_env(new_process=False)
+    added = {key: value for key, value in defaults.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        return acceleration.enter(device, num_threads)
+    finally:
+        for key in added:
+            del os.environ[key]
 
 
 def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
@@ -387,7 +390,6 @@ def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
     lr_scheduler = build_lr_scheduler(optimizer, optim_cfg, total_steps)
 
     tracker = _make_tracker(config, rank)
-    threads = step_thread_policy(device)
     bar = tqdm(total=total_steps, desc="sft", disable=rank != 0, dynamic_ncols=True)
     if rank == 0:
         tqdm.write(
@@ -400,7 +402,7 @@ def _train(config: DictConfig, device: str, rank: int, world_size: int) -> str:
         for batch in train_loader:
             start = time.perf_counter()
             step += 1
-            with cpu_share.measured_call(threads):
+            with acceleration.current().call():
                 metrics = train_step(
                     model, optimizer, _to_device(batch, device), micro_bs, optim_cfg["clip_grad"], world_size, packed
                 )

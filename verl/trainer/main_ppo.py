@@ -208,10 +208,11 @@ def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) 
 
 
 def init_ray(config: DictConfig) -> None:
-    """Join the cluster at RAY_ADDRESS, or start a local Ray session with what a training run needs: no
-    dashboard, no autoscaler monitor, no log monitor (`_lean_head_node`), no pre-started idle worker. The object
-    store keeps Ray's size: it is reserved, not resident (only the pages of objects alive count), and async
-    rollout puts whole state dicts in it."""
+    """Join the cluster at RAY_ADDRESS, or start a local Ray session with what a training run needs: no dashboard,
+    autoscaler monitor or log monitor once started (`_stop_unused_ray_daemons`; with `VERL_LEAN_RAY_HEAD=1` they are
+    not even started, `_lean_head_node`), no pre-started idle worker. The object store keeps Ray's size: it is
+    reserved, not resident (only the pages of objects alive count), and async rollout puts whole state dicts in
+    it."""
     import ray
 
     if ray.is_initialized():
@@ -221,7 +222,7 @@ def init_ray(config: DictConfig) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return
     num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
-    with _lean_head_node():
+    with _lean_head_node() if _lean_head_wanted() else contextlib.nullcontext():
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
@@ -229,7 +230,7 @@ def init_ray(config: DictConfig) -> None:
             log_to_driver=True,
             configure_logging=True,
             logging_level="WARNING",
-            # no idle worker pre-started for the driver (~80 MB): every worker of a run is an actor with its
+            # no idle worker pre-started for the driver: every worker of a run is an actor with its
             # own runtime_env, which Ray starts in a process of its own anyway
             _system_config={"prestart_worker_first_driver": False},
         )
@@ -239,13 +240,25 @@ def init_ray(config: DictConfig) -> None:
 _LOG_TAIL = None  # the WorkerLogTail that prints the workers' output in place of Ray's log monitor
 
 
+LEAN_RAY_HEAD_ENV = "VERL_LEAN_RAY_HEAD"  # 1: a local head node never starts the daemons a run does not need
+
+
+def _lean_head_wanted() -> bool:
+    """`VERL_LEAN_RAY_HEAD` (default 0) is 1; another value is refused."""
+    raw = os.environ.get(LEAN_RAY_HEAD_ENV, "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{LEAN_RAY_HEAD_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 @contextlib.contextmanager
 def _lean_head_node() -> Iterator[None]:
-    """While `ray.init` starts a local head node, keep it from starting the three daemons a training run does not
-    need (`_stop_unused_ray_daemons` names them): each is a Python process that imports much of Ray (~1 CPU-second
-    each on a small CPU), and `ray.init` waits for the dashboard head to come up. Ray's node parameters switch off
-    two of them (`no_monitor`, `include_log_monitor`); the dashboard head is left out the way Ray goes on when it
-    fails to start one (no process, no URL). Where Ray lacks these names (another version), nothing is changed and
+    """Opt-in (`VERL_LEAN_RAY_HEAD=1`), since it patches Ray's private `Node` class for the length of `ray.init`:
+    while `ray.init` starts a local head node, keep it from starting the three daemons a training run does not need
+    (`_stop_unused_ray_daemons` names them): each is a Python process that imports much of Ray, and `ray.init` waits
+    for the dashboard head to come up, so a run starts sooner on a small CPU. Ray's node parameters switch off two of
+    them (`no_monitor`, `include_log_monitor`); the dashboard head is left out the way Ray goes on when it fails to
+    start one (no process, no URL). Where Ray lacks these names (another version), nothing is changed and
     `_stop_unused_ray_daemons` stops the daemons once they run."""
     try:
         from ray._private.node import Node
@@ -271,7 +284,7 @@ def _lean_head_node() -> Iterator[None]:
 
 
 def _stop_unused_ray_daemons() -> None:
-    """Stop three daemons a local session starts that a training run does not need (~270 MB resident together),
+    """Stop three daemons a local session starts that a training run does not need (their memory goes back),
     where `_lean_head_node` could not keep them from starting (Ray's kill is a no-op for a daemon never started):
     the dashboard head (started even with include_dashboard=False, to serve usage statistics), the autoscaler
     monitor (nothing to scale on one machine) and the log monitor, whose work (the workers' output in this
@@ -421,27 +434,6 @@ def _print_placement(trainer) -> None:
             print(f"placement: {line}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def cores_left_to_workers(config: DictConfig) -> Iterator[None]:
-    """While Ray workers compute on the CPU (trainer.single_process=false, device cpu), the driver computes with one
-    torch thread, and gets its count back after. Its tensor work between the workers' calls (advantages, metrics) is
-    small, but each bit of it leaves a second OpenMP thread spinning on for a few ms (OpenMP's default wait) on a core
-    a worker computes on: 0.46% of the machine's time on the bench (perf), ~1.5% of the Ray path's step in A/B
-    runs, inside the machine's noise (benchmarks/README.md). With the worker in this process, or on GPUs, nothing
-    changes."""
-    import torch
-
-    if config.trainer.get("single_process", False) or config.actor_rollout_ref.get("device") != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def run_ppo(config: DictConfig) -> dict:
     """Run one training job in this process (starts Ray if needed, shuts it down at the end; with
     trainer.single_process=true the worker runs in this process and Ray is not used)."""
@@ -455,8 +447,7 @@ def run_ppo(config: DictConfig) -> dict:
         prepare_config(config)  # legacy keys converted as verl does; types and refused features checked
         trainer = build_trainer(config)
         trainer.finish_after_workers_stop = True
-        with cores_left_to_workers(config):
-            summary = trainer.fit()
+        summary = trainer.fit()
     finally:
         close_local_worker_groups()  # trainer.single_process: the in-process worker's process group
         if started_here and ray.is_initialized():

@@ -3,13 +3,14 @@
 Owns: log-probabilities, entropy and sum of squared probabilities from logits, masked statistics (sum, mean, var,
 whiten), response masks from EOS tokens, position ids from attention masks, prompt tokenisation with left padding,
 padding helpers, and the grouping of rows that share a prompt (`prompt_groups`, `group_first_rows`).
-Layer 1 (see DESIGN.md): imports only torch; must not import Ray, models or any other layer of the package.
+Layer 1 (see docs/architecture.md#layers): imports only torch; must not import Ray, models or any other layer of the package.
 Numerical conventions follow verl (see specs/core_algos.md).
 """
 
 import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -338,3 +339,16 @@ def cache_kwarg(module: torch.nn.Module) -> str:
     `past_key_values` (earlier ones; the recent ones still take it, with a deprecation warning per call site)."""
     base = module.get_base_model() if hasattr(module, "get_base_model") else module  # a peft model's own model
     return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def write_in_place(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor):
+    """Write a step's keys/values at position `layer.length` of the layer's preallocated `key_buffer` and
+    `value_buffer` (`layer.capacity` positions) and return the written part of both: what a preallocated cache
+    layer's `update` does (hf_rollout's per-row cache, verl.cpu.shared_prefix's response part)."""
+    end = layer.length + key_states.shape[-2]
+    if end > layer.capacity:
+        raise RuntimeError(f"KV cache of {layer.capacity} positions is full (needs {end})")
+    layer.key_buffer[:, :, layer.length : end] = key_states
+    layer.value_buffer[:, :, layer.length : end] = value_states
+    layer.length = end
+    return layer.key_buffer[:, :, :end], layer.value_buffer[:, :, :end]

@@ -8,10 +8,8 @@ import torch
 from verl.single_controller.base.worker import (
     ENV_KEYS,
     NUM_THREADS_ENV,
-    RETAIN_FREED_MEMORY_ENV,
     Worker,
     get_node_ip,
-    retain_freed_memory_from_env,
 )
 
 
@@ -87,43 +85,3 @@ def test_a_subclass_that_skips_worker_init_gets_a_clear_error():
 
     with pytest.raises(RuntimeError, match=r"Broken.__init__ must call Worker.__init__"):
         Broken().get_master_addr_port()
-
-
-_FAULTS_OF_A_REPEATED_ALLOCATION = """
-import resource, sys, torch
-from verl.single_controller.base.worker import retain_freed_memory_from_env
-applied = retain_freed_memory_from_env()
-def faults():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.ones(16 << 20)  # 64 MiB written: 16384 pages of 4 KiB when they are fresh
-    del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-counts = [faults() for _ in range(9)]
-print(applied, sum(counts[4:]))
-"""
-
-
-@pytest.mark.parametrize("setting", ["1", "0"])
-def test_retained_freed_memory_serves_the_next_step_without_page_faults(setting):
-    """With VERL_RETAIN_FREED_MEMORY=1 (the default) a block freed and allocated again, step after step, reuses
-    pages the heap keeps; with 0, glibc unmaps it and every allocation faults all its pages in again (the control).
-    Counted over 5 steps after 4 warm-up steps, and less than one fresh block in all: a small allocation can land
-    in the freed block and split it, so in about half the processes one of the first steps still takes fresh pages
-    at the heap's top (steps 2 or 3 in 30 runs here, never later)."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, RETAIN_FREED_MEMORY_ENV: setting}
-    out = subprocess.run([sys.executable, "-c", _FAULTS_OF_A_REPEATED_ALLOCATION], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()  # fmt: skip
-    applied, faults = out[0] == "True", int(out[1])
-    if setting == "1":
-        assert applied and faults < 16000
-    else:
-        assert not applied and faults > 5 * 16000
-
-
-def test_a_bad_retain_setting_is_refused(monkeypatch):
-    monkeypatch.setenv(RETAIN_FREED_MEMORY_ENV, "yes")
-    with pytest.raises(ValueError, match="VERL_RETAIN_FREED_MEMORY must be 0 or 1, got 'yes'"):
-        retain_freed_memory_from_env()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.load import time_scale
+from verl.cpu import threads as cpu_share
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Execute, Worker, register
 from verl.single_controller.ray import (
@@ -23,7 +24,6 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.single_controller.ray.base import put_shared_arguments
-from verl.utils import cpu_share
 
 pytestmark = pytest.mark.ray
 
@@ -230,7 +230,7 @@ def test_each_rank_sees_its_environment(groups, ray_session):
     assert [e["flag"] for e in envs] == [None, None]
     assert [e["nice"] for e in envs] == [0, 0]  # Ray's default for workers is nice 15 (preempted by everything)
     # CPU workers: OpenMP's own waiting (the driver's setting, if any), the thread count following the machine's
-    # load (cpu_share), and one glibc heap for all threads (the decode lanes)
+    # load (verl.cpu.threads), and one glibc heap for all threads
     expected = (os.environ.get("OMP_WAIT_POLICY"), os.environ.get("MALLOC_ARENA_MAX", "1"))
     assert {(e["OMP_WAIT_POLICY"], e["MALLOC_ARENA_MAX"]) for e in envs} == {expected}
     assert all(e["VERL_ADAPTIVE_THREADS"] == "1" and e["thread_policy"] for e in envs)

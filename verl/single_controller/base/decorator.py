@@ -43,7 +43,7 @@ from verl.protocol import (
     pad_dataproto_to_divisor,
     unpad_dataproto,
 )
-from verl.utils import cpu_share
+from verl.utils import acceleration
 from verl.utils import tensordict_utils as tu
 from verl.utils.py_functional import DynamicEnum
 
@@ -141,8 +141,8 @@ def register(
 
     Returns a wrapper of the method (async if the method is) that first fetches any `DataProtoFuture` argument
     (`materialize_futures`), carrying the settings under MAGIC_ATTR; it can still be called locally. A plain
-    (not async) method runs as one `cpu_share.worker_call`: in a CPU worker that enabled it, with as many torch
-    threads as the machine's other processes leave cores free. With
+    (not async) method runs inside the process's device speed-ups' `call()` (`verl.utils.acceleration`: on a CPU
+    worker, with as many torch threads as the machine's other processes leave cores free). With
     `blocking=False` the group method returns a future whose `.get()` gives the collected result.
     """
     _check_dispatch_mode(dispatch_mode)
@@ -155,7 +155,7 @@ def register(
         def inner(*args: Any, **kwargs: Any) -> Any:
             if materialize_futures:
                 args, kwargs = _materialize_futures(*args, **kwargs)
-            with cpu_share.worker_call():  # a CPU worker's thread count follows the machine's load (cpu_share.py)
+            with acceleration.current().call():  # a CPU worker's thread count follows the machine's load (verl.cpu)
                 return func(*args, **kwargs)
 
         @wraps(func)

@@ -3,11 +3,9 @@
 Owns reading a process's place in its group from the environment the worker group sets:
 `RANK`, `WORLD_SIZE`, `LOCAL_RANK` (the device index: on GPU Ray shows each worker only its own GPU, so 0),
 `LOCAL_WORLD_SIZE`, `RAY_LOCAL_RANK` (the index on the node), `MASTER_ADDR`, `MASTER_PORT`, `VERL_NUM_THREADS`
-(the process's CPU share: torch's intra-op threads are set to it at start, since Ray sets OMP_NUM_THREADS=1),
-`VERL_ADAPTIVE_THREADS` (1: each call's thread count follows the machine's load, `verl.utils.cpu_share`),
-`VERL_RETAIN_FREED_MEMORY` (default 1: glibc's allocator keeps the memory a step frees for the next step; 0 leaves
-glibc's defaults), `VERL_CPU_BLAS` (default auto: CPU float32 matrix products through OpenBLAS on AMD processors,
-`verl.utils.cpu_blas`).
+(the process's CPU share: torch's intra-op threads are set to it at start, since Ray sets OMP_NUM_THREADS=1) and
+`VERL_WORKER_DEVICE` (the device the group placed it on: the worker enters that device's speed-ups,
+`verl.utils.acceleration`, which are none on a GPU).
 Rank 0 of a group is started without `MASTER_ADDR`/`MASTER_PORT`; it picks its node's IP and a free port
 and the group hands them to the other ranks.
 
@@ -23,14 +21,10 @@ import os
 import socket
 
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils import cpu_blas, cpu_share
+from verl.utils import acceleration
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 NUM_THREADS_ENV = "VERL_NUM_THREADS"
-# "1": each worker call computes with as many threads as the machine's other processes leave cores free (at most
-# VERL_NUM_THREADS; verl.utils.cpu_share); the worker groups set it for CPU workers unless the driver sets it
-ADAPTIVE_THREADS_ENV = cpu_share.ADAPTIVE_THREADS_ENV
-RETAIN_FREED_MEMORY_ENV = "VERL_RETAIN_FREED_MEMORY"
 
 
 def _env_int(key: str, default: int | None = None) -> int:
@@ -90,55 +84,6 @@ def set_torch_threads_from_env() -> int | None:
 
     torch.set_num_threads(num_threads)
     return num_threads
-
-
-def cpu_worker_threading_env() -> dict[str, str]:
-    """The threading variables a worker group gives a CPU worker process: `VERL_ADAPTIVE_THREADS=1` (`cpu_share`)
-    unless the driver sets it, and the driver's own `OMP_WAIT_POLICY` / `GOMP_SPINCOUNT` and `VERL_CPU_BLAS`
-    (`cpu_blas`) where it sets them (a worker on another node would not see them). Otherwise OpenMP waits its own way
-    (libgomp, torch's on Linux: an idle thread spins a while, then sleeps): ~20% faster updates than sleeping at once
-    (`OMP_WAIT_POLICY=PASSIVE`, the setting before), and on a busy machine, where spinning threads wait for partners
-    the other processes hold up, `cpu_share` computes with fewer threads."""
-    env = {ADAPTIVE_THREADS_ENV: os.environ.get(ADAPTIVE_THREADS_ENV, "1")}
-    env.update({key: os.environ[key] for key in (*cpu_share.OPENMP_WAIT_ENV, cpu_blas.ENV) if key in os.environ})
-    return env
-
-
-def adaptive_threads_from_env(share: int | None) -> cpu_share.ThreadPolicy | None:
-    """With `VERL_ADAPTIVE_THREADS=1`, enable this process's thread policy (`cpu_share`) for a share of `share`
-    threads (torch's current count when None) and return it; else disable it and return None. Another value is
-    refused."""
-    if not cpu_share.adaptive_threads_wanted(default="0"):
-        cpu_share.disable()
-        return None
-    import torch
-
-    return cpu_share.enable(share or torch.get_num_threads())
-
-
-def retain_freed_memory_from_env() -> bool:
-    """Unless `VERL_RETAIN_FREED_MEMORY=0`: make glibc's malloc serve large blocks from its heap and keep freed heap
-    memory, so each step reuses the pages of the step before. With glibc's defaults every activation over its
-    (adaptive) mmap threshold is a fresh mmap that is unmapped when freed and page-faulted in again, zero-filled, on
-    the next step: ~120,000 faults per update step of the CPU bench (benchmarks/README.md), ~0.4 s of its 3.4 s.
-    The process's peak memory is unchanged (the same blocks are live at the peak); its memory after the peak stays
-    at the peak. The settings are process-wide: with `trainer.single_process=true` the driver's whole process has
-    them. Returns whether the settings were applied (False off glibc, or when switched off)."""
-    raw = os.environ.get(RETAIN_FREED_MEMORY_ENV, "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{RETAIN_FREED_MEMORY_ENV} must be 0 or 1, got {raw!r}")
-    if raw == "0":
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator's own policy stays
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-    limit = 1 << 30  # 1 GiB: blocks below it come from the heap; up to it of freed heap top is kept
-    return bool(mallopt(m_mmap_threshold, limit)) and bool(mallopt(m_trim_threshold, limit))
 
 
 _RAYLET_WATCH_S = 1.0
@@ -203,10 +148,9 @@ class Worker:
                 f"(got MASTER_ADDR={self._master_addr!r}, MASTER_PORT={self._master_port!r})"
             )
         self._num_threads = set_torch_threads_from_env()
-        self._retains_freed_memory = retain_freed_memory_from_env()
         exit_when_raylet_dies(self._rank)
-        cpu_blas.prepare()  # VERL_CPU_BLAS: the training passes' CPU products through OpenBLAS (cpu_blas keeps it)
-        adaptive_threads_from_env(self._num_threads)  # the process's policy lives in cpu_share (read by @register)
+        # this device's speed-ups for the process (verl.cpu on a CPU: allocator, BLAS and thread policy; none on GPU)
+        acceleration.enter(acceleration.worker_device(), self._num_threads)
 
     @property
     def rank(self) -> int:
@@ -231,7 +175,7 @@ class Worker:
 
     def get_env(self) -> dict[str, str | None]:
         """The distributed environment variables as this process sees them (for checks and debugging)."""
-        return {key: os.environ.get(key) for key in (*ENV_KEYS, NUM_THREADS_ENV, RETAIN_FREED_MEMORY_ENV)}
+        return {key: os.environ.get(key) for key in (*ENV_KEYS, NUM_THREADS_ENV, acceleration.WORKER_DEVICE_ENV)}
 
     # -------------------------------------------------- nd dispatch (verl's make_nd_compute_dataproto_dispatch_fn)
     def _mesh_info(self) -> tuple[dict[str, int], dict[str, bool]]:

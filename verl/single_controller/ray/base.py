@@ -42,12 +42,7 @@ from verl.single_controller.base.decorator import (
     registered_methods,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import (
-    NUM_THREADS_ENV,
-    RETAIN_FREED_MEMORY_ENV,
-    Worker,
-    cpu_worker_threading_env,
-)
+from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
 from verl.single_controller.base.worker_group import WorkerGroup
 from verl.single_controller.ray.nodes import (
     NEVER_STARTED,
@@ -59,6 +54,8 @@ from verl.single_controller.ray.nodes import (
     never_started_cause,
     wait_for_lost_nodes,
 )
+from verl.utils import acceleration
+from verl.utils.acceleration import WORKER_DEVICE_ENV
 
 # How long to wait for a resource pool's placement groups before saying the cluster is too small.
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
@@ -382,8 +379,7 @@ class RayWorkerGroup(WorkerGroup):
 
     Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
     is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-    VERL_NUM_THREADS set (on CPU also `cpu_worker_threading_env` and MALLOC_ARENA_MAX=1, unless the driver sets
-    them), at nice 0 (Ray's default is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node
+    VERL_NUM_THREADS and VERL_WORKER_DEVICE set (plus the device's `worker_env`, `verl.utils.acceleration`), at nice 0 (Ray's default is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node
     IP) and a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
     the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so `cuda:LOCAL_RANK`
     is its device). `bin_pack=True` keeps each node's processes on one node
@@ -460,16 +456,14 @@ class RayWorkerGroup(WorkerGroup):
                     NUM_THREADS_ENV: str(pool.num_threads_per_process()),
                     **master,
                 }
-                if not pool.use_gpu:
-                    env_vars.update(cpu_worker_threading_env())
-                    # one glibc heap for all threads: what the rollout's decode lanes free is reused by the update
-                    # instead of staying in the lane threads' own arenas (-55 MB at the bench's peak)
-                    env_vars["MALLOC_ARENA_MAX"] = os.environ.get("MALLOC_ARENA_MAX", "1")
+                # the device's speed-ups (verl.utils.acceleration): on a CPU the thread policy, OpenMP's and the
+                # allocator's variables (verl.cpu); nothing on a GPU
+                device = "cuda" if pool.use_gpu else "cpu"
+                env_vars[WORKER_DEVICE_ENV] = device
+                env_vars.update(acceleration.for_device(device).worker_env())
                 # Ray runs its workers at nice 15: any process at the default priority (the driver, Ray's own
                 # daemons, the user's other jobs) then preempts the worker doing all the compute
                 env_vars[WORKER_NICENESS_ENV] = os.environ.get(WORKER_NICENESS_ENV, "0")
-                if RETAIN_FREED_MEMORY_ENV in os.environ:  # the driver's choice reaches workers on other nodes too
-                    env_vars[RETAIN_FREED_MEMORY_ENV] = os.environ[RETAIN_FREED_MEMORY_ENV]
                 options = dict(cls_with_init.options)
                 runtime_env = dict(options.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}

@@ -13,16 +13,15 @@ Either way the log-probs equal the actor's on the same weights up to KV-cache ro
 Generation is a plain KV-cache sampling loop (HF's own logits warpers for temperature, top-k, top-p, in HF's
 order) rather than `model.generate`, for two savings `generate` does not make: each distinct prompt of a
 micro-batch is prefilled once and its cache copied to the rows that share it (the `rollout.n` samples of a
-prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. For plain-attention
-models under sdpa the copies are not even made: the rows of a prompt decode against its one copy of the prompt's
-keys and values (`shared_prefix.py`), so each decode step reads the prompt part of the cache once per prompt, not
-once per sample. For Qwen2, Qwen3 and Llama models each decode step runs the model's arithmetic straight from its
-parameters (`lean_decode.py`: no HF module calls; the prefill keeps HF's forward). Micro-batches are length-sorted
-and cut their common left padding. On CPU a micro-batch may decode in lanes of whole prompt groups, one core each
-(`decode_lanes.py` says when). Every row's random draws (one uniform per position) are drawn up front from the
-call's seed, so its samples do not depend on the micro-batch size or the number of lanes; without top-k/top-p, on
-CPU in float32, one kernel call per step draws them and their log-probs (`decode_kernel.sample_tokens`). Greedy
-decoding gives what `generate` gives.
+prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. Micro-batches are
+length-sorted and cut their common left padding. Every row's random draws (one uniform per position) are drawn up
+front from the call's seed, so its samples do not depend on the micro-batch size or on which rows finished first.
+Greedy decoding gives what `generate` gives.
+
+The device's speed-ups (`verl.utils.acceleration`) may replace parts of the loop; on a CPU (`verl.cpu`) the rows of
+a prompt decode against its one copy of the prompt's keys and values, Qwen2/Qwen3/Llama decode steps run straight
+from the parameters, the sampling and its log-probs take one fused kernel call per step, and wide micro-batches'
+products may go through OpenBLAS. On other devices the loop is plain HF forwards over a preallocated per-row cache.
 
 Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
 """
@@ -30,7 +29,6 @@ Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not imp
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +45,8 @@ from transformers.generation.logits_process import (
 )
 
 from verl.protocol import DataProto
-from verl.utils import cpu_blas, fsdp_utils
-from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups
-from verl.workers.rollout import decode_kernel, decode_lanes, lean_decode, shared_prefix
+from verl.utils import acceleration, fsdp_utils
+from verl.utils.torch_functional import cache_kwarg, group_first_rows, prompt_groups, write_in_place
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingSettings,
@@ -63,8 +60,7 @@ from verl.workers.rollout.base import (
 
 
 class HFRollout(BaseRollout):
-    """Generate with a KV-cache sampling loop over the module, micro-batched, in decode lanes on CPU, reproducible
-    by seed.
+    """Generate with a KV-cache sampling loop over the module, micro-batched, reproducible by seed.
 
     module: a causal LM (HF `PreTrainedModel`) used only by this engine.
     config: the `actor_rollout_ref.rollout` section (`response_length`, `micro_batch_size`, `temperature`,
@@ -90,9 +86,8 @@ class HFRollout(BaseRollout):
         self.weight_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
         self.cache_kwarg = cache_kwarg(module)  # the forward's name for its KV cache argument
         self._calls = 0
-        # decode lanes per micro-batch (decode_lanes.py): None = the module's rule (threads, cache, OpenMP waiting)
-        self.decode_lanes: int | None = None
-        # decode steps without HF's module calls where the model allows it (lean_decode.py); False: HF's forward
+        # decode steps without HF's module calls where the device's speed-ups offer it (verl.cpu.lean_decode on a
+        # CPU); False: HF's forward
         self.lean_decode = True
 
     # ------------------------------------------------------------------ weights
@@ -167,7 +162,7 @@ class HFRollout(BaseRollout):
         responses = torch.empty((bs, self.response_length), dtype=torch.long)
         log_probs = torch.zeros((bs, self.response_length), dtype=torch.float32) if want_log_probs else None
         # one uniform per row and position, drawn up front: a row's samples do not depend on the micro-batches,
-        # the decode lanes or when the other rows finish (and the global RNG is left alone)
+        # or on when the other rows finish (and the global RNG is left alone)
         uniforms = None
         if sampling.do_sample:
             uniforms = torch.rand((bs, self.response_length), generator=torch.Generator().manual_seed(seed))
@@ -176,23 +171,22 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            # the decode steps' products through OpenBLAS where the worker chose it (`cpu_blas`, AMD CPUs); under
-            # its MIN_ROWS rows they would stay with MKL anyway, behind the override's Python dispatch of every call
-            wide = min(micro, bs) >= cpu_blas.MIN_ROWS
-            blas = cpu_blas.products() if device.type == "cpu" and wide else contextlib.nullcontext()
-            with fsdp_utils.unsharded(self.module), blas:
+            # this device's speed-ups (verl.utils.acceleration; on a CPU verl.cpu: OpenBLAS for wide products, the
+            # lean decode step, the shared-prompt cache, the fused sampler); none elsewhere
+            accel = acceleration.for_device(device.type)
+            with fsdp_utils.unsharded(self.module), accel.products(rows=min(micro, bs)):
                 lean = None
-                if self.lean_decode and lean_decode.applies_to(self.module):  # HF's forward otherwise
+                if self.lean_decode:  # HF's forward otherwise
                     positions = int(prompts.batch["position_ids"].max()) + self.response_length + 1
-                    lean = lean_decode.LeanDecoder(self.module, positions)
+                    lean = accel.lean_decoder(self.module, positions)
                 for start in range(0, bs, micro):
                     rows = order[start : start + micro]
-                    for lane_rows, ids, lps in self._generate_micro_batch(
-                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs, uniforms, lean
-                    ):
-                        responses[lane_rows] = ids
-                        if log_probs is not None:
-                            log_probs[lane_rows] = lps
+                    ids, lps = self._generate_micro_batch(
+                        prompts, rows, device, sampling, stop_ids, pad_token_id, want_log_probs, uniforms, lean, accel
+                    )
+                    responses[rows] = ids
+                    if log_probs is not None:
+                        log_probs[rows] = lps
         finally:
             self.module.train(was_training)
         return build_rollout_output(prompts, responses, stop_ids, pad_token_id, log_probs)
@@ -207,36 +201,20 @@ class HFRollout(BaseRollout):
         pad_token_id: int,
         want_log_probs: bool,
         uniforms: torch.Tensor | None,
-        lean: lean_decode.LeanDecoder | None,
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        """Sample responses for prompt rows `rows`, split into decode lanes (`decode_lanes.py`) of whole prompt
-        groups: the lanes are prefilled side by side (distinct prompts once, common left padding cut), then decode
-        side by side. Rows sharing a prompt decode against its one copy of the prompt's keys and values when the
-        model allows it (`shared_prefix.py`).
+        lean: Any | None,
+        accel: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample responses for prompt rows `rows`: prefill the distinct prompts once (common left padding cut),
+        then decode. Rows sharing a prompt decode against its one copy of the prompt's keys and values where the
+        device's speed-ups offer such a cache (`accel.shared_prefix_cache`).
 
-        Returns, per lane, (its rows, their responses right-padded with `pad_token_id`, their log-probs
-        log_softmax(logits / T)[token] with 0 on padding, or None).
+        Returns (the rows' responses right-padded with `pad_token_id`, their log-probs log_softmax(logits / T)[token]
+        with 0 on padding, or None).
         """
         groups = prompt_groups(prompts.batch["input_ids"][rows], prompts.batch["attention_mask"][rows], 0)
-        num_groups = int(groups.max()) + 1
-        shared = num_groups < len(groups) and shared_prefix.applies_to(self.module.config)
-        lanes = decode_lanes.lane_count(device, len(rows), num_groups, self.decode_lanes, shared_cache=shared)
-        lane_rows = decode_lanes.split_into_lanes(groups, lanes)
-        parts = [rows[part] for part in lane_rows]
-        prefill = [
-            functools.partial(self._prefill, prompts, part, groups[index], device, shared, uniforms)
-            for part, index in zip(parts, lane_rows)
-        ]
-        # FSDP2's hooks are not thread-safe; with the units gathered they are not needed (fsdp_utils)
-        with fsdp_utils.concurrent_forwards(self.module) if len(parts) > 1 else contextlib.nullcontext():
-            states = decode_lanes.run_lanes(prefill)
-            decode = [
-                functools.partial(self._decode, state, sampling, eos_token_id, pad_token_id, want_log_probs, lean)
-                for state in states
-            ]
-            with shared_prefix.decode_attention(self.module) if shared else contextlib.nullcontext():
-                results = decode_lanes.run_lanes(decode)
-        return [(part, ids, lps) for part, (ids, lps) in zip(parts, results)]
+        state = self._prefill(prompts, rows, groups, device, uniforms, accel)
+        with accel.decode_attention(self.module) if state.shared else contextlib.nullcontext():
+            return self._decode(state, sampling, eos_token_id, pad_token_id, want_log_probs, lean, accel)
 
     def _prefill(
         self,
@@ -244,11 +222,12 @@ class HFRollout(BaseRollout):
         rows: torch.Tensor,
         groups: torch.Tensor,
         device: torch.device,
-        shared: bool,
         uniforms: torch.Tensor | None,
-    ) -> _Lane:
+        accel: Any,
+    ) -> _Prefilled:
         """One forward over the distinct prompts of `rows` (their common left padding cut), its KV cache set up for
-        decoding every row: a `SharedPrefixCache` when `shared`, else a per-row copy of each prompt's cache.
+        decoding every row: where several rows share a prompt, the device's shared-prompt cache if it has one
+        (`accel.shared_prefix_cache`), else a per-row copy of each prompt's cache.
         `groups`: the rows' prompt-group ids in the micro-batch (ascending in order of first appearance, gaps
         allowed); `uniforms`: the whole call's draws (bs, response_length), or None for greedy."""
         ids, mask, pos = (prompts.batch[key][rows] for key in ("input_ids", "attention_mask", "position_ids"))
@@ -256,9 +235,11 @@ class HFRollout(BaseRollout):
         first_row = group_first_rows(groups)
         start = _first_non_pad_column(mask[first_row])
         prompt_mask = mask[first_row, start:].to(device)
-        if shared:
-            cache = shared_prefix.SharedPrefixCache(self.module.config.num_hidden_layers, self.response_length)
-        else:
+        cache = None
+        if len(first_row) < len(groups):
+            cache = accel.shared_prefix_cache(self.module.config, self.response_length)
+        shared = cache is not None
+        if not shared:
             cache = _kv_cache(self.module.config, ids.shape[1] - start + self.response_length)
         logits = self.module(
             input_ids=ids[first_row, start:].to(device),
@@ -273,7 +254,7 @@ class HFRollout(BaseRollout):
             cache.start_decode(groups, prompt_mask)
         elif len(first_row) < len(groups):
             cache.batch_select_indices(groups)
-        return _Lane(
+        return _Prefilled(
             cache=cache,
             shared=shared,
             logits=logits[groups],
@@ -284,16 +265,17 @@ class HFRollout(BaseRollout):
 
     def _decode(
         self,
-        lane: _Lane,
+        state: _Prefilled,
         sampling: SamplingSettings,
         eos_token_id: int | list[int],
         pad_token_id: int,
         want_log_probs: bool,
-        lean: lean_decode.LeanDecoder | None,
+        lean: Any | None,
+        accel: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The sampling loop of one prefilled lane; a row that emits an eos leaves the batch and its cache. Each step
-        runs `lean.step` when given, else the module's forward."""
-        logits, attention, next_pos, cache = lane.logits, lane.attention, lane.next_pos, lane.cache
+        """The sampling loop of a prefilled micro-batch; a row that emits an eos leaves the batch and its cache. Each
+        step runs `lean.step` when given, else the module's forward."""
+        logits, attention, next_pos, cache = state.logits, state.attention, state.next_pos, state.cache
         device = logits.device
         rows = len(logits)
         live = torch.arange(rows, device=device)  # the rows still generating
@@ -302,16 +284,15 @@ class HFRollout(BaseRollout):
         responses = torch.full((rows, self.response_length), pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros(responses.shape, dtype=torch.float32, device=device) if want_log_probs else None
         decode_kwargs = {self.cache_kwarg: cache, "use_cache": True}
-        if lane.shared:
+        if state.shared:
             decode_kwargs["shared_prefix"] = cache
-        # one kernel call per step for the sampling and its log-probs where it applies (no top-k/top-p, float32 CPU)
-        fused_sampling = _fused_sampling_applies(sampling, logits)
+        # one call per step for the sampling and its log-probs where the device offers it (verl.cpu: float32, no
+        # top-k/top-p)
+        fused_sampling = accel.token_sampler(sampling.top_k, sampling.top_p, logits)
         for t in range(self.response_length):
-            draws = None if lane.uniforms is None else lane.uniforms[live, t]
-            if fused_sampling:
-                tokens, token_lp = decode_kernel.sample_tokens(
-                    logits, sampling.logprob_temperature, draws, log_probs is not None
-                )
+            draws = None if state.uniforms is None else state.uniforms[live, t]
+            if fused_sampling is not None:
+                tokens, token_lp = fused_sampling(logits, sampling.logprob_temperature, draws, log_probs is not None)
             else:
                 tokens = _next_tokens(logits, warpers, draws)
                 if log_probs is not None:
@@ -327,14 +308,14 @@ class HFRollout(BaseRollout):
                 keep = running.nonzero().flatten()
                 live, tokens, attention, next_pos = live[keep], tokens[keep], attention[keep], next_pos[keep]
                 cache.batch_select_indices(keep)
-            if not lane.shared:
+            if not state.shared:
                 attention = torch.cat([attention, attention.new_ones(len(live), 1)], dim=1)
             if lean is not None:
-                logits = lean.step(tokens, next_pos, cache, None if lane.shared else attention)
+                logits = lean.step(tokens, next_pos, cache, None if state.shared else attention)
             else:
                 logits = self.module(
                     input_ids=tokens.unsqueeze(-1),
-                    attention_mask=None if lane.shared else attention,
+                    attention_mask=None if state.shared else attention,
                     position_ids=next_pos.unsqueeze(-1),
                     **decode_kwargs,
                 ).logits[:, -1]
@@ -343,7 +324,7 @@ class HFRollout(BaseRollout):
 
 
 @dataclass
-class _Lane:
+class _Prefilled:
     """A prefilled part of a micro-batch, ready for its sampling loop: the KV cache, the last prompt position's
     logits of every row, the per-row cache's 2-D attention mask, each row's next position id, and (sampling) each
     row's uniforms (rows, response_length)."""
@@ -388,7 +369,7 @@ class _PreallocatedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = shared_prefix.write_in_place(self, key_states, value_states)
+        self.keys, self.values = write_in_place(self, key_states, value_states)
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -418,13 +399,6 @@ def _logits_warpers(sampling: SamplingSettings) -> LogitsProcessorList:
     if sampling.top_p < 1.0:
         warpers.append(TopPLogitsWarper(sampling.top_p))
     return warpers
-
-
-def _fused_sampling_applies(sampling: SamplingSettings, logits: torch.Tensor) -> bool:
-    """Whether a decode loop samples through `decode_kernel.sample_tokens`: float32 logits on the CPU, no top-k or
-    top-p (the kernel applies the temperature only), the kernel built."""
-    plain = sampling.top_k == -1 and sampling.top_p >= 1.0
-    return plain and logits.dtype == torch.float32 and logits.device.type == "cpu" and decode_kernel.available()
 
 
 def _next_tokens(logits: torch.Tensor, warpers: LogitsProcessorList, draws: torch.Tensor | None) -> torch.Tensor:

@@ -22,7 +22,7 @@ Two ways to train on it, one engine:
 
 Distributed: `initialize()` joins torch.distributed (torchrun's or Ray's env; a one-process group otherwise),
 gloo on CPU, nccl on GPU. One rank: a forward-only pass gathers each FSDP2 unit once, not per forward; one CPU rank:
-so does a training pass (~3% of the bench update; one gathered copy of the weights). Layer 5: no Ray, no trainer.
+so does a training pass (one gathered copy of the weights). Layer 5: no Ray, no trainer.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.utils import cpu_blas, fsdp_utils
+from verl.utils import acceleration, fsdp_utils
 from verl.utils import tensordict_utils as tu
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_name
@@ -336,7 +336,7 @@ class FSDPEngine(BaseEngine):
         # one CPU rank: every unit gathered once for all micro-batches, not per forward call and backward (below)
         gathered = not forward_only and one_rank_fsdp2(self.module) and device.type == "cpu"
         gathering = fsdp_utils.unsharded(self.module, through_backward=True) if gathered else contextlib.nullcontext()
-        with gathering, cpu_blas.products():  # VERL_CPU_BLAS: large CPU products through OpenBLAS where faster
+        with gathering, acceleration.for_device(device.type).products():  # on CPU maybe OpenBLAS (verl.cpu.blas)
             for micro_batch in micro_batches:
                 batch = micro_batch.batch.to(device)
                 tu.assign_non_tensor(batch, **settings)
@@ -354,8 +354,8 @@ class FSDPEngine(BaseEngine):
 
     def infer_batch(self, data: TensorDict, loss_function: Callable | None = None) -> dict[str, Any]:
         """`BaseEngine.infer_batch`; on one FSDP2 rank (`one_rank_fsdp2`) the units are gathered once for the pass
-        and FSDP2's hooks idled, as the rollout generates (not gathered again per micro-batch: ~6% of a reference
-        pass at the bench shape; one copy of the weights, less than generation holds). Several ranks: unchanged."""
+        and FSDP2's hooks idled, as the rollout generates (not gathered again per micro-batch; one copy of the weights,
+        less than generation holds). Several ranks: unchanged."""
         if not one_rank_fsdp2(self.module):
             return super().infer_batch(data, loss_function)
         with fsdp_utils.unsharded(self.module), fsdp_utils.concurrent_forwards(self.module):

@@ -3,20 +3,19 @@
 Owns `applies_to` (which models it can run) and `LeanDecoder` (one decode step: token ids and positions in,
 next-token logits out, the keys and values written into the rollout's KV cache).
 
-Why: a decode step of a small model on CPU costs more in Python than in arithmetic. HF's forward walks ~15 modules
+Why: a decode step of a small model on CPU costs more in Python than in arithmetic. HF's forward walks many modules
 per layer, builds the rotary embedding and the attention mask afresh, and dispatches through its attention and cache
-interfaces; at the bench shape (hidden 256, 4 layers, 64 rows per lane) that fixed cost is most of the step. Here one
-step is the same arithmetic in a flat loop over the module's own parameters: the rotary table computed once for
-every position the generation can reach and indexed per step, and the attention of the cache the rollout already
-uses (`shared_prefix.attend` for a `SharedPrefixCache`, sdpa over the per-row cache). The logits equal HF's forward
-up to float rounding (~1e-6). Fusing the q/k/v and gate/up matmuls would save ~1% more at the bench shape but cost a
-copy of two thirds of a model's weights during generation (0.9 GB for Qwen2.5-0.5B in float32), so it is not done.
+interfaces. Here one step is the same arithmetic in a flat loop over the module's own parameters: the rotary table
+computed once for every position the generation can reach and indexed per step, and the attention of the cache the
+rollout already uses (`shared_prefix.attend` for a `SharedPrefixCache`, sdpa over the per-row cache). The logits
+equal HF's forward up to float rounding. The q/k/v and gate/up matmuls are not fused: that would need a copy of two
+thirds of a model's weights during generation for little gain.
 
 Applies to Qwen2, Qwen3 and Llama causal LMs with SiLU MLPs, plain `nn.Linear` projections (no LoRA or quantized
 layers), and a rotary embedding that depends on the position only (not `dynamic` or `longrope`); every other model
 keeps HF's forward.
 
-Layer 5: imports torch, verl.utils.torch_functional and verl.workers.rollout's shared_prefix and decode_kernel;
+Layer 2 (verl/cpu): imports torch, verl.utils.torch_functional and verl.cpu's shared_prefix and decode_kernel;
 must not import Ray.
 """
 
@@ -28,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl.cpu import decode_kernel, shared_prefix
 from verl.utils.torch_functional import plain_sdpa_attention
-from verl.workers.rollout import decode_kernel, shared_prefix
 
 _MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 _POSITION_ONLY_ROPE = frozenset({"default", "linear", "llama3", "yarn"})

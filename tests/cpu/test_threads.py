@@ -1,4 +1,4 @@
-"""Tests of the CPU worker's thread policy (verl/utils/cpu_share.py): the thread count each worker call gets from the
+"""Tests of the CPU worker's thread policy (verl/cpu/threads.py): the thread count each worker call gets from the
 cores the machine's other processes kept busy during the last call, the /proc readings it rests on, and the
 `@register` wrapper and environment switch that apply it."""
 
@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
+from verl.cpu import adaptive_threads_from_env
+from verl.cpu import threads as cpu_share
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.single_controller.base.worker import adaptive_threads_from_env
-from verl.utils import cpu_share
 
 TICKS = cpu_share._CLOCK_TICKS
 
@@ -115,11 +115,15 @@ class _Worker:
 def test_registered_calls_run_with_the_policys_count_and_the_env_switch(monkeypatch, restore_threads):
     import asyncio
 
+    from verl.utils import acceleration
+
     machine = _Machine()
     worker = _Worker()
     torch.set_num_threads(2)
     cpu_share._POLICY = policy = machine.policy(share=2)
     policy.threads = 1
+    assert worker.threads() == 2  # a process that entered no CPU speed-ups (a GPU worker): the policy is not applied
+    monkeypatch.setattr(acceleration, "_current", acceleration.for_device("cpu"))  # what a CPU worker enters
     assert worker.threads() == 1  # the wrapper set it before the method ran
     assert asyncio.run(worker.athreads()) == 1  # async methods are left as they are (no pick, no measure)
     cpu_share.disable()

@@ -3,15 +3,15 @@ processes kept busy during its last call.
 
 Owns `ThreadPolicy` (the pick), `openmp_threads_spin` (how the OpenMP threads wait), `adaptive_threads_wanted` (the
 `VERL_ADAPTIVE_THREADS` switch), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
-applies to every worker call), `measured_call` (one call under a given policy: the SFT trainer's steps) and
+and the SFT trainer's steps apply through `verl.cpu.CPUAcceleration.call`), `measured_call` (one call under a given
+policy) and
 `machine_busy_ticks` (the clock ticks the CPUs this process may run on spent busy, from /proc/stat).
 
 Why: between kernels a CPU worker's OpenMP threads either sleep (`OMP_WAIT_POLICY=PASSIVE`: every kernel wakes its
-partner, ~20% of an update micro-batch on the bench model) or spin for a while first (OpenMP's default, which CPU
-workers keep): fast on a quiet machine, but a spinning thread whose partner another process's work descheduled waits
-at every barrier. Measured on one update micro-batch of the bench model, 2 cores (benchmarks/README.md): quiet, 2
-threads spinning 0.40 s, sleeping 0.48, 1 thread 0.68; beside one busy process, 2 spinning 1.09, 2 sleeping 0.81,
-1 thread 0.69. So: spin, and compute with as many threads as there are cores the others leave free.
+partner) or spin for a while first (OpenMP's default, which CPU workers keep): fast on a quiet machine, but a
+spinning thread whose partner another process's work descheduled waits at every barrier, and beside a busy process
+one thread beats two that wait for each other (benchmarks/README.md). So: spin, and compute with as many threads as
+there are cores the others leave free.
 
 The others' use is measured over each worker call that lasts `MIN_WINDOW_S` or more (while this worker computes, not
 while it waits for the driver, whose own work between calls must not count): the busy ticks of this process's CPUs
@@ -20,7 +20,7 @@ round(CPUs - others' cores) threads, at least 1 and at most the worker's share; 
 Where /proc is missing (not Linux) the share is kept. A kernel's float rounding can depend on the thread count, so
 the same seed can differ in its last bits between a quiet and a busy machine.
 
-Layer 1: imports os, time and torch only.
+Layer 2 (verl/cpu): imports os, time and torch only.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 
 # libgomp's variables for how an idle OpenMP thread waits (torch's OpenMP on Linux); a worker group passes the
-# driver's to its CPU workers (`single_controller.base.worker.cpu_worker_threading_env`)
+# driver's to its CPU workers (`verl.cpu.CPUAcceleration.worker_env`)
 OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 ADAPTIVE_THREADS_ENV = "VERL_ADAPTIVE_THREADS"  # 1: calls pick their thread count (this module), 0: torch's count kept
 MIN_WINDOW_S = 0.2  # a shorter window holds too few clock ticks (10 ms each) to tell

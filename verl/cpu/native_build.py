@@ -6,7 +6,7 @@ CPU (a cache on a shared home directory must not hand one machine's build to ano
 The library binds to the libgomp torch has already loaded (same soname), so its OpenMP regions run on torch's thread
 team. No compiler, a failed build or an unloadable library give None and one warning; callers keep their torch path.
 
-Layer 1 (verl/utils): the standard library only; must not import Ray.
+Layer 2 (verl/cpu): the standard library only; must not import Ray.
 """
 
 from __future__ import annotations

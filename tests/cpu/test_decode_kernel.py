@@ -1,5 +1,5 @@
-"""Tests of the fused CPU decode kernels' build (verl/utils/native_build.py), guards and one-pass sampler
-(verl/workers/rollout/decode_kernel.py). The attention's
+"""Tests of the fused CPU decode kernels' build (verl/cpu/native_build.py), guards and one-pass sampler
+(verl/cpu/decode_kernel.py). The attention's
 numbers against an independent sdpa are checked in tests/workers/test_shared_prefix.py, and a whole generation
 with it against the per-row cache there too."""
 
@@ -9,8 +9,7 @@ import os
 import pytest
 import torch
 
-from verl.utils import native_build
-from verl.workers.rollout import decode_kernel, shared_prefix
+from verl.cpu import decode_kernel, native_build, shared_prefix
 from verl.workers.rollout.hf_rollout import _logits_warpers, _next_tokens
 from verl.workers.rollout.sampling import SamplingSettings
 

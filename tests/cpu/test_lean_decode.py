@@ -1,4 +1,4 @@
-"""Tests of the lean decode step (verl/workers/rollout/lean_decode.py): the `hf` rollout decoding through it gives
+"""Tests of the lean decode step (verl/cpu/lean_decode.py): the `hf` rollout decoding through it gives
 HF's forward's samples and log-probs on Qwen2, Qwen3 and Llama models (biases, per-head norms, scaled rotary
 embeddings), in the shared-prompt and the per-row cache, and the models it cannot run keep HF's forward."""
 
@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from tests.workers.test_hf_rollout import full_forward_log_probs, make_prompts, recorded_forwards, rollout_config
-from verl.workers.rollout import decode_kernel, lean_decode
+from verl.cpu import decode_kernel, lean_decode
 from verl.workers.rollout.hf_rollout import HFRollout
 
 SHAPE = dict(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -37,7 +37,7 @@ def _model(kind: str) -> torch.nn.Module:
 @pytest.mark.parametrize("kind", ["qwen2", "qwen2_head32", "qwen3", "llama"])
 @pytest.mark.parametrize("samples", [3, 1], ids=["shared_prefix", "per_row_cache"])
 def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer, monkeypatch):
-    """Sampling with log-probs, two decode lanes, rows stopping at an eos: the lean steps give HF's forward's tokens
+    """Sampling with log-probs, rows stopping at an eos: the lean steps give HF's forward's tokens
     and log-probs (within 1e-5), which equal a full forward over prompt + response. With the shared-prompt cache
     and a head size of 32 (qwen2_head32, qwen3) the steps run through the fused kernel's one-call step."""
     model = _model(kind)
@@ -49,7 +49,7 @@ def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer, mo
 
     def generate(lean: bool, eos: int | list[int]):
         rollout = HFRollout(model, rollout_config(calculate_log_probs=True, response_length=12), tokenizer)
-        rollout.lean_decode, rollout.decode_lanes = lean, 2
+        rollout.lean_decode = lean
         with recorded_forwards(model) as calls:
             out = rollout.generate_sequences(make_prompts(tokenizer, seed=5, eos_token_id=eos).repeat(samples))
         return out, calls
@@ -66,7 +66,7 @@ def test_lean_steps_sample_what_hfs_forward_samples(kind, samples, tokenizer, mo
     torch.testing.assert_close(lean.batch["rollout_log_probs"], ref, atol=1e-5, rtol=0)
     # the same rows per step both ways; with the lean steps the model's own forward runs only the prefills
     assert sorted(c[1:] for c in lean_calls) == sorted(c[1:] for c in hf_calls)
-    assert all(length > 1 for _, _, length in lean_calls[:2]) and len(lean_calls) > 2
+    assert lean_calls[0][2] > 1 and len(lean_calls) > 1  # the prefill, then the lean steps as recorded calls
     head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
     fused = samples > 1 and head_dim % 32 == 0 and decode_kernel.available()
     assert bool(fused_steps) == fused

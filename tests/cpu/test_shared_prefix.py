@@ -1,4 +1,4 @@
-"""Tests of the shared-prefix decode attention (verl/workers/rollout/shared_prefix.py): the attention against an
+"""Tests of the shared-prefix decode attention (verl/cpu/shared_prefix.py): the attention against an
 independent sdpa over each row's full (prompt + response) cache, and the `hf` rollout with it against the rollout
 with its per-row cache on the tiny Qwen2 model."""
 
@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from tests.workers.test_hf_rollout import make_prompts, rollout_config
+from verl.cpu import decode_kernel, shared_prefix
 from verl.utils.torch_functional import cache_kwarg
 from verl.workers.engine.model_forward import VARLEN_SDPA
-from verl.workers.rollout import decode_kernel, shared_prefix
 from verl.workers.rollout.hf_rollout import HFRollout
 
 

@@ -1,11 +1,11 @@
-"""Tests of verl/utils/cpu_blas.py: CPU float32 products through OpenBLAS equal torch's own kernels (called through
+"""Tests of verl/cpu/blas.py: CPU float32 products through OpenBLAS equal torch's own kernels (called through
 the `.out` overloads, which the module leaves alone), in every layout and through autograd; the choice of backend
 and its refusals."""
 
 import pytest
 import torch
 
-from verl.utils import cpu_blas
+from verl.cpu import blas as cpu_blas
 
 
 @pytest.fixture

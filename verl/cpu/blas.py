@@ -2,25 +2,23 @@
 
 Owns the choice (`VERL_CPU_BLAS`: `auto`, the default, `openblas` or `torch`), the CPU kernels it registers for
 aten's `mm`, `addmm` and `addmm_` (what `nn.Linear`, `F.linear`, `@` on 2-D tensors and autograd's backward of all
-of them run), and the small C helper (`verl.utils.native_build`) that splits one product's rows over torch's own
+of them run), and the small C helper (`native_build`) that splits one product's rows over torch's own
 OpenMP threads, each calling OpenBLAS's single-threaded `sgemm` on its rows: one thread team, no second pool of
 spinning BLAS threads beside torch's.
 
 Why: torch's CPU wheels multiply float32 matrices with MKL, which on AMD processors runs well below what the cores
-do. On 2 cores of an AMD EPYC (Zen 4), OpenBLAS (the `scipy-openblas32` wheel) measured 1.3-1.5x MKL's rate at the
-training shapes of the bench model (16,000 x 256 x 704, 16,000 x 704 x 256, 16,000 x 256 x 2048) and 1.1-1.2x at its
-decode shapes (128 rows) alone, and 0.89-0.93x over a whole generation since its glue is fused (`MIN_FLOPS`). `auto` takes OpenBLAS on AMD processors
-(vendor `AuthenticAMD`) when the wheel and a C compiler are there, torch's MKL elsewhere (MKL is Intel's own library;
-not measured against OpenBLAS on Intel here). Other dtypes, other devices, tiny products (under `MIN_FLOPS`) and
-layouts BLAS cannot take without a copy go to torch's own kernel. Results equal MKL's up to float rounding (a
-different summation order).
+do; OpenBLAS (the `scipy-openblas32` wheel, the `cpu` install extra) is faster there at the training shapes of the
+bench model (benchmarks/README.md has the figures). `auto` takes OpenBLAS on AMD processors (vendor `AuthenticAMD`)
+when the wheel and a C compiler are there, torch's MKL elsewhere (MKL is Intel's own library). Other dtypes, other
+devices, tiny products (under `MIN_FLOPS`) and layouts BLAS cannot take without a copy go to torch's own kernel.
+Results equal MKL's up to float rounding (a different summation order).
 
 A worker `prepare`s the choice once; its engine's training passes (forward and backward of the update, the
 reference's and critic's forwards) and the SFT trainer run inside `products()`, which registers the kernels for the
-block and puts torch's back after it (~60 us). The kernels are process-wide while registered (with
+block and puts torch's back after it. The kernels are process-wide while registered (with
 `trainer.single_process=true` the driver's process is the worker's).
 
-Layer 1 (verl/utils): torch and verl.utils.native_build; must not import Ray.
+Layer 2 (verl/cpu): torch and verl.cpu.native_build; must not import Ray.
 """
 
 from __future__ import annotations
@@ -37,18 +35,14 @@ from collections.abc import Iterator
 
 import torch
 
-from verl.utils import native_build
+from verl.cpu import native_build
 
 logger = logging.getLogger(__name__)
 
 ENV = "VERL_CPU_BLAS"
 CHOICES = ("auto", "openblas", "torch")
-# Products of fewer multiply-adds stay with torch's kernel. With the decode steps' glue in fused kernels
-# (`decode_kernel`), their products at 128 rows of the bench model (4-67M) are most of a step, and through OpenBLAS
-# a whole generation took 0.93x (64 tokens) and 0.89x (256) of MKL's time (one process, 2 threads, 6 runs each in
-# rotated order); products from 16M up only 0.96x and 0.97x. Alone (one product in a loop) OpenBLAS lost at 16 rows
-# (1.6-2.5x) and at 64 rows below 4M (1.4-2.1x): products of fewer than MIN_ROWS rows (a decode whose rows finished,
-# decode lanes) stay with MKL.
+# Products of fewer multiply-adds stay with torch's kernel, and so do products of fewer than MIN_ROWS rows (a decode
+# whose rows finished): measured alone, OpenBLAS lost to MKL there (benchmarks/README.md).
 MIN_FLOPS = 1 << 20
 MIN_ROWS = 128
 
@@ -216,7 +210,7 @@ def prepare(choice: str | None = None) -> bool:
 @contextlib.contextmanager
 def products() -> Iterator[None]:
     """Within the block, CPU float32 products go through OpenBLAS when `prepare` chose it (nested blocks: the
-    outermost decides). Outside, torch's own kernels run: the override's Python dispatch (~20-50 us a call) is paid
+    outermost decides). Outside, torch's own kernels run: the override's Python dispatch of every call is paid
     only where the products are large (training passes), not by the decode steps' small ones."""
     if not _state.get("wanted") or active():
         yield

@@ -2,20 +2,20 @@
 
 Owns `SharedPrefixCache` (a KV cache holding the prefill of the distinct prompts once, plus a preallocated
 per-row buffer for the response tokens), the attention function that decodes against it (registered with HF's
-`AttentionInterface` as `ATTENTION_NAME`), `decode_attention`, which switches a model to it for the decode steps,
-and `write_in_place`, a preallocated cache layer's write of a step (also used by hf_rollout's per-row cache).
+`AttentionInterface` as `ATTENTION_NAME`) and `decode_attention`, which switches a model to it for the decode
+steps.
 
-Why: on CPU a decode step's attention is bound by reading the KV cache (~10 GB/s here), and with `rollout.n`
+Why: on CPU a decode step's attention is bound by reading the KV cache, and with `rollout.n`
 samples per prompt most of that cache is the same prompt copied n times. Here the scores of a row against its
 prompt are computed from the prompt's single copy (the rows of one prompt packed as extra queries of one matmul),
 against its own response tokens from its buffer, and one softmax runs over both parts: the same attention as
 sdpa over the concatenated cache (float rounding aside, ~1e-7), with the prompt part read once per prompt.
 
 Applies to decoder models with plain full attention under `sdpa` (`applies_to`); every other model keeps the
-rollout's preallocated per-row cache. In float32 on the CPU the attention is one fused C kernel (`decode_kernel`);
-elsewhere torch's ops below.
+rollout's preallocated per-row cache. In float32 the attention is one fused C kernel (`decode_kernel`) where it is
+built; otherwise torch's ops below.
 
-Layer 5: imports torch, transformers, verl.utils.torch_functional and verl.workers.rollout.decode_kernel; must not
+Layer 2 (verl/cpu): imports torch, transformers, verl.utils.torch_functional and verl.cpu.decode_kernel; must not
 import Ray.
 """
 
@@ -30,8 +30,8 @@ from torch import nn
 from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
 
-from verl.utils.torch_functional import attention_implementation, plain_sdpa_attention
-from verl.workers.rollout import decode_kernel
+from verl.cpu import decode_kernel
+from verl.utils.torch_functional import attention_implementation, plain_sdpa_attention, write_in_place
 
 ATTENTION_NAME = "verl_shared_prefix"
 
@@ -39,19 +39,6 @@ ATTENTION_NAME = "verl_shared_prefix"
 def applies_to(config: Any) -> bool:
     """Whether a model with this config decodes through the shared-prefix attention: `plain_sdpa_attention`."""
     return plain_sdpa_attention(config)
-
-
-def write_in_place(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor):
-    """Write a step's keys/values at position `layer.length` of the layer's preallocated `key_buffer` and
-    `value_buffer` (`layer.capacity` positions) and return the written part of both: what a preallocated cache
-    layer's `update` does (here and in hf_rollout's per-row cache)."""
-    end = layer.length + key_states.shape[-2]
-    if end > layer.capacity:
-        raise RuntimeError(f"KV cache of {layer.capacity} positions is full (needs {end})")
-    layer.key_buffer[:, :, layer.length : end] = key_states
-    layer.value_buffer[:, :, layer.length : end] = value_states
-    layer.length = end
-    return layer.key_buffer[:, :, :end], layer.value_buffer[:, :, :end]
 
 
 class _SharedPrefixLayer(DynamicLayer):
