@@ -25,6 +25,8 @@ setup(
         "tqdm",
         "matplotlib",
         "psutil",
+        "fastapi",  # verl.rollout_server's HTTP routes
+        "uvicorn",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],

@@ -8,11 +8,13 @@ Serves a Hugging Face model folder so that environment code written for the Open
     GET  /v1/models             the served model
     GET  /health, GET /stats    liveness; requests and batched generate calls so far
 
-Requests from concurrent connections go to one `AsyncRolloutEngine` on one event-loop thread, so they are
-batched into shared generate calls (window `--window-ms`). Responses carry `prompt_token_ids` and per choice
-`token_ids` (and log-probs with `logprobs: true`), what a trainer needs to turn them into samples. Streaming is
-not supported (`stream: true` is a 400). The server binds 127.0.0.1 only; errors are JSON
-`{"error": {"message", "type"}}` with status 400 (bad request), 404 (unknown path) or 500.
+The routes are a FastAPI app (`create_app`) served by uvicorn. Requests go to one `AsyncRolloutEngine` on its own
+event-loop thread (generation blocks that loop, not uvicorn's), so concurrent requests are batched into shared
+generate calls (window `--window-ms`). Responses carry `prompt_token_ids` and per choice `token_ids` (and log-probs
+with `logprobs: true`), what a trainer needs to turn them into samples. Streaming is not supported (`stream: true`
+is a 400). The server binds 127.0.0.1 only (the socket is listening when the `serving ...` line is printed); a
+trailing `/` on a path is ignored; errors are JSON `{"error": {"message", "type"}}` with status 400 (bad request:
+body not a JSON object, or an argument the client refuses), 404 (unknown path or method) or 500 (engine failure).
 
     python -m verl.rollout_server --model outputs/default/sft_model --port 8000 --max-tokens 128
 
@@ -34,19 +36,24 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
 class RolloutService:
-    """The engine, the client and the event loop behind the HTTP handlers."""
+    """The engine, the client and the event loop behind the HTTP routes."""
 
     def __init__(self, model_path: str, model_name: str, max_tokens: int, device: str = "cpu", seed: int = 0,
                  window_ms: float = 5.0, max_batch_size: int | None = None, dtype: str = "float32"):  # fmt: skip
@@ -70,15 +77,15 @@ class RolloutService:
         self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-engine", daemon=True)
         self.thread.start()
 
-    def run(self, coro) -> Any:
-        """Run a coroutine on the engine's loop from a handler thread and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    async def run(self, coro) -> Any:
+        """Await a coroutine run on the engine's loop (from another loop: uvicorn's)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
-    def chat(self, body: dict) -> dict:
-        return self.run(self.client.chat.completions.create(**body)).model_dump()
+    async def chat(self, body: dict) -> dict:
+        return (await self.run(self.client.chat.completions.create(**body))).model_dump()
 
-    def completion(self, body: dict) -> dict:
-        return self.run(self.client.completions.create(**body)).model_dump()
+    async def completion(self, body: dict) -> dict:
+        return (await self.run(self.client.completions.create(**body))).model_dump()
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "verl"}]}
@@ -90,53 +97,65 @@ class RolloutService:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def make_handler(service: RolloutService) -> type[BaseHTTPRequestHandler]:
-    posts = {"/v1/chat/completions": service.chat, "/v1/completions": service.completion}
-    gets = {"/v1/models": service.models, "/health": lambda: {"status": "ok"}, "/stats": service.stats}
+def create_app(service: RolloutService) -> Any:
+    """The FastAPI app of the routes above; trailing slashes stripped (an ASGI app to give uvicorn)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class JSON(JSONResponse):  # rendered as json.dumps does (ASCII; a non-finite log-prob is not a 500)
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content).encode()
 
-        def log_message(self, format: str, *args: Any) -> None:  # one line per request would drown the logs
-            return
+    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSON:
+        return JSON({"error": {"message": message, "type": kind}}, status_code=status)
 
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    app = FastAPI(title="verl.rollout_server", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)  # fmt: skip
 
-        def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-            self._send(status, {"error": {"message": message, "type": kind}})
+    @app.exception_handler(HTTPException)  # no route for this path (404) or this method (405): both a JSON 404
+    async def no_route(request: Request, _: HTTPException) -> JSON:
+        method, path = request.method, request.scope["path"]
+        routes = sorted(route.path for route in app.routes if method in getattr(route, "methods", ()))
+        return error(404, f"no route {method} {path}; routes: {routes}", "not_found")
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            path = self.path.split("?")[0].rstrip("/")
-            if path not in gets:
-                return self._error(404, f"no route GET {path}; routes: {sorted(gets)}", "not_found")
-            self._send(200, gets[path]())
+    async def answer(request: Request, create: Any) -> JSON:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as err:
+            return error(400, f"the request body is not valid JSON: {err}")
+        if not isinstance(body, dict):
+            return error(400, "the request body must be a JSON object")
+        try:
+            return JSON(await create(body))
+        except (ValueError, TypeError, KeyError) as err:
+            return error(400, f"{type(err).__name__}: {err}")
+        except Exception as err:  # an engine failure: report it, keep serving
+            return error(500, f"{type(err).__name__}: {err}", "server_error")
 
-        def do_POST(self) -> None:  # noqa: N802
-            path = self.path.split("?")[0].rstrip("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if path not in posts:
-                return self._error(404, f"no route POST {path}; routes: {sorted(posts)}", "not_found")
-            try:
-                body = json.loads(raw or b"{}")
-            except json.JSONDecodeError as err:
-                return self._error(400, f"the request body is not valid JSON: {err}")
-            if not isinstance(body, dict):
-                return self._error(400, "the request body must be a JSON object")
-            try:
-                self._send(200, posts[path](body))
-            except (ValueError, TypeError, KeyError) as err:
-                self._error(400, f"{type(err).__name__}: {err}")
-            except Exception as err:  # an engine failure: report it, keep serving
-                self._error(500, f"{type(err).__name__}: {err}", "server_error")
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSON:
+        return await answer(request, service.chat)
 
-    return Handler
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSON:
+        return await answer(request, service.completion)
+
+    @app.get("/v1/models")
+    async def models() -> JSON:
+        return JSON(service.models())
+
+    @app.get("/health")
+    async def health() -> JSON:
+        return JSON({"status": "ok"})
+
+    @app.get("/stats")
+    async def stats() -> JSON:
+        return JSON(service.stats())
+
+    async def strip_slash(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope = {**scope, "path": scope["path"].rstrip("/") or "/"}
+        await app(scope, receive, send)
+
+    return strip_slash
 
 
 # ---------------------------------------------------------------------------------------------- vLLM's server
@@ -204,8 +223,6 @@ def vllm_server_command(args: argparse.Namespace, name: str, port: int, device: 
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -293,14 +310,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(serve_with_vllm(args, name, args.device))
     service = RolloutService(args.model, name, args.max_tokens, args.device, args.seed, args.window_ms,
                              args.max_batch_size, args.dtype)  # fmt: skip
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(service))
-    print(f"serving {name!r} on http://{args.host}:{server.server_address[1]}/v1", flush=True)
+    sock = socket.socket()  # bound and listening before the "serving" line: a request sent then waits, then is served
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+    print(f"serving {name!r} on http://{args.host}:{sock.getsockname()[1]}/v1", flush=True)
     try:
-        server.serve_forever()
+        server.run(sockets=[sock])  # SIGTERM / Ctrl-C: finish the requests in flight, then stop
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        sock.close()
         service.close()
 
 
