@@ -1,4 +1,4 @@
-"""The package's module-level import graph has no cycle (DESIGN.md's layers): every `import verl.x` /
+"""The package's module-level import graph has no cycle (the layers of docs/architecture.md#layers): every `import verl.x` /
 `from verl.x import y` at module level (not inside a function, not under `if TYPE_CHECKING:`) is an edge, and a
 strongly connected component of more than one module is a cycle. Package `__init__` re-exports count too."""
 

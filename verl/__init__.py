@@ -1,7 +1,7 @@
 """verl-style reinforcement-learning trainer for language models (PPO, GRPO, RLOO, ReMax, REINFORCE++).
 
 Runs on one CPU (gloo) or on a Ray cluster of GPUs (nccl, vLLM) with the same code. Layers and the
-data flow of one step are described in DESIGN.md; the user-facing entry is `python -m verl.trainer.main_ppo`.
+data flow of one step are described in docs/architecture.md (#layers, #one-training-step); the user-facing entry is `python -m verl.trainer.main_ppo`.
 """
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ Also owns `DataProtoItem` (one row), `DataProtoFuture` (a batch still being comp
 helpers in layer 1 (`py_functional`, `tensordict_utils`). All are re-exported here under verl's import paths.
 Where verl raises AssertionError, `DataProtoError` is raised: it is both an AssertionError and a ValueError.
 
-Layer 2 in DESIGN.md: imports torch, tensordict, numpy, `verl.protocol_utils` and layer-1 helpers
+Layer 2 (docs/architecture.md#layers): imports torch, tensordict, numpy, `verl.protocol_utils` and layer-1 helpers
 (`verl.utils.py_functional`, `verl.utils.tensordict_utils`); Ray is imported only inside `DataProtoFuture.get`.
 """
 

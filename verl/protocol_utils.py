@@ -3,7 +3,7 @@
 `unpad_dataproto`, `real_row_mask`), folding (`fold_batch_dim` / `unfold_batch_dim`), the index and key checks of
 row selection, and `all_gather_data_proto`. `verl.protocol` re-exports all of it (verl's import paths).
 
-Layer 2 in DESIGN.md, below `verl.protocol`: imports torch, tensordict and numpy only; functions take any
+Layer 2 (docs/architecture.md#layers), below `verl.protocol`: imports torch, tensordict and numpy only; functions take any
 DataProto-like object and build results with `type(data)`.
 """
 

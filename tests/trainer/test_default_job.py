@@ -3,8 +3,8 @@ synthetic RLLA task and an SFT warm start, then runs GRPO through `main_ppo` (Ra
 
 Shortened to SFT_STEPS SFT steps and GRPO_STEPS GRPO steps (fixed seed, offline); the test checks the launcher's
 summary (validation reward before and after, sampled and greedy, wall time), that both the sampled and the greedy
-validation reward went up, and the plot and TensorBoard files. The full-length job's figures (3 seeds, with the
-reward-free control and TRL) are in the README.
+validation reward went up, and the plot and TensorBoard files. The full-length job's figures are in the README;
+`benchmarks/learn_vs_trl.py` runs it beside its reward-free control and TRL.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Why: in a decoder layer trained with plain autograd most of the saved activation
 HF's SwiGLU MLP, `down(silu(gate(x)) * up(x))`, keeps x, gate(x), silu(gate(x)), up(x) and their product for
 backward: 1 + 4 * intermediate/hidden values per token (12 KB a token in float32 at hidden 256, intermediate 704);
 `LeanSwiGLU` keeps x, gate(x) and up(x) and recomputes silu and the product in backward (6.5 KB). HF's RMSNorm keeps
-its input, 1/rms and the normalised input; `LeanRMSNorm` keeps the input and 1/rms. On a Qwen2 layer that is
-38% of the decoder's saved activations (bench model, 32 x 160 tokens); backward recomputes two element-wise passes,
-forward writes three fewer tensors, and the matmuls are the same: measured 6-8% faster forward+backward there.
+its input, 1/rms and the normalised input; `LeanRMSNorm` keeps the input and 1/rms. On a Qwen2 layer that is a
+large share of the decoder's saved activations; backward recomputes two element-wise passes, forward writes three
+fewer tensors, and the matmuls are the same, so forward+backward is not slower (figures: benchmarks/README.md).
 This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so it runs anywhere; it is
 `model.lean_activations` (an extension of ours, default false as verl has no such key).
 
@@ -40,8 +40,7 @@ class LeanRMSNorm(torch.autograd.Function):
     """y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), the statistics in float32 (HF's RMSNorm).
     Saves x and 1/rms; backward: dx = r * (dn - n * mean(dn * n)) with n = x * r, dn = dy * weight, in float32.
     The row statistic comes from the product the weight's gradient sums anyway: mean(dn * n) = (dy * n) @ weight /
-    hidden, so backward makes six passes over the activations where the formula as written makes nine (one update
-    micro-batch's norm, 2440 x 256: 0.74 against 1.1-1.5 ms)."""
+    hidden, so backward makes six passes over the activations where the formula as written makes nine."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -7,9 +7,9 @@ plus two zero-filled halves for the slices. With the halves written out, x = [x1
 and backward is the transposed rotation of the incoming gradient g = [g1, g2]:
     dx1 = g1 * cos1 + g2 * sin2         dx2 = g2 * cos2 - g1 * sin1
 Each half is one product written in place plus one product subtracted or added: the same floating-point operations
-as HF's in the same order (no fused multiply-add), so forward and gradients are equal bit for bit (tested), in about
-two thirds of the time (the bench's training shape, 2,440 tokens x 4 heads x 64: forward 1.53 -> 1.01 ms, forward +
-backward 3.17 -> 2.02 ms). Only cos and sin are kept for backward, as HF's autograd keeps them.
+as HF's in the same order (no fused multiply-add), so forward and gradients are equal bit for bit (tested), with
+fewer passes over memory (figures: benchmarks/README.md). Only cos and sin are kept for backward, as HF's autograd
+keeps them.
 
 `use_lean_rotary(model)` points the `apply_rotary_pos_emb` of the modeling module of each qwen2/qwen3/llama
 attention class in `model` at the lean rotation (once per module; results are unchanged for every model

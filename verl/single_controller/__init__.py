@@ -3,7 +3,7 @@
 `Worker` + `@register(dispatch_mode=...)` define what a worker group can be asked to do; `RayResourcePool`,
 `RayClassWithInitArgs`, `RayWorkerGroup` and `create_colocated_worker_cls` run the workers as Ray actors;
 `LocalWorkerGroup` runs a one-process group's worker inside the driver, without Ray.
-Layer 6 (see DESIGN.md): must not import trainer or worker (layer 7) code.
+Layer 6 (see docs/architecture.md#layers): must not import trainer or worker (layer 7) code.
 """
 
 from verl.single_controller.base import Dispatch, Execute, Worker, register

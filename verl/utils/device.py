@@ -58,12 +58,10 @@ def set_attention_backends(device_name: str) -> None:
     """On CUDA, turn cuDNN's scaled-dot-product attention off for this process; flash, memory-efficient and math
     attention stay on, and torch picks among them as before. No change on CPU.
 
-    cuDNN builds an execution plan for every new input shape. Measured on an H200 (torch 2.11, bf16, 4 heads of 32):
-    ~57 ms per new shape for a forward and ~130 ms for a forward + backward, against ~0.4 ms with cuDNN off. An RL
-    step meets new shapes all the time (each micro-batch's padded length, each sequence of the packed layout, each
-    prefill), so with cuDNN on, plan building was most of a bf16 step: the tiny model's single-process GRPO step
-    (bf16, packed layout, gradient checkpointing) took 3.28 s before, 0.23-0.25 s with cuDNN off and the packed
-    layout's varlen flash call (float32: 0.18 s). Every worker calls this when it starts torch.distributed
+    cuDNN builds an execution plan for every new input shape, which costs far more than the attention call itself.
+    An RL step meets new shapes all the time (each micro-batch's padded length, each sequence of the packed layout,
+    each prefill), so with cuDNN on, plan building was most of a bf16 step (`benchmarks/bench_cuda_attention.py`;
+    figures in benchmarks/README.md). Every worker calls this when it starts torch.distributed
     (`fsdp_utils.init_distributed`)."""
     if device_name == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)

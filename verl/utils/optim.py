@@ -4,7 +4,7 @@ Owns `build_optimizer` (AdamW over the trainable parameters: `lr`, `weight_decay
 `override_optimizer_config`, extra keyword arguments of the constructor) and `build_lr_scheduler` (linear warmup,
 then constant or cosine). Which AdamW kernel runs is torch's choice (a loop over tensors on CPU, `foreach` on
 CUDA) except that parameters all on the CPU get the fused kernel: the same arithmetic in one pass per tensor
-instead of a dozen (the bench model's clip + step: 28 -> 8 ms); `override_optimizer_config` may set `fused` or
+instead of a dozen (figures: benchmarks/README.md); `override_optimizer_config` may set `fused` or
 `foreach` itself. Layer 1: imports torch only.
 """
 

@@ -3,7 +3,7 @@
 Owns: dict helpers (`union_two_dict`, `rename_dict`, `append_to_dict`, `list_of_dict_to_dict_of_list`),
 `DynamicEnum` (an enum whose members can be registered at run time: the dispatch and execute modes),
 `NestedNamespace`, `temp_env_var`, `timeout_limit` and the converters `convert_to_regular_types` /
-`convert_nested_value_to_list_recursive`. Layer 1 (DESIGN.md): imports only the standard library, numpy and
+`convert_nested_value_to_list_recursive`. Layer 1 (docs/architecture.md#layers): imports only the standard library, numpy and
 `verl.utils.metric` (for `append_to_dict`'s `Metric` lists); no torch models, no Ray.
 """
 

@@ -4,7 +4,7 @@ Owns `get_seqlen_balanced_partitions` (split items into k groups of near-equal t
 equal size), `rearrange_micro_batches` (dynamic batch size: micro-batches of at most `max_token_len` tokens,
 first-fit decreasing) and `balanced_rank_order` (a row order that gives each data-parallel rank an equal
 number of rows and a near-equal number of tokens), applied to a DataProto by `balance_batch`. The functions
-take plain lengths and return index lists; they never touch tensors' contents. Layer 1 (see DESIGN.md): imports nothing of the package.
+take plain lengths and return index lists; they never touch tensors' contents. Layer 1 (see docs/architecture.md#layers): imports nothing of the package.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Owns the TensorDict side of batches: non-tensor values stored as `NonTensorData`
 concat / chunk / index, the dict-like get/pop/select with unwrapping, and the raw-bytes (de)serialisation of
 tensors and TensorDicts (`serialize_tensordict`, used by DataProto's numpy pickling). `DataProto` (verl.protocol) uses
 these for `to_tensordict` / `from_tensordict` and the dispatch of TensorDict arguments.
-Layer 1 (DESIGN.md): torch, numpy and tensordict only.
+Layer 1 (docs/architecture.md#layers): torch, numpy and tensordict only.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Owns: log-probabilities, entropy and sum of squared probabilities from logits, m
 whiten), response masks from EOS tokens, position ids from attention masks, prompt tokenisation with left padding,
 padding helpers, and the grouping of rows that share a prompt (`prompt_groups`, `group_first_rows`).
 Layer 1 (see docs/architecture.md#layers): imports only torch; must not import Ray, models or any other layer of the package.
-Numerical conventions follow verl (see specs/core_algos.md).
+Numerical conventions follow verl 0.9.1.
 """
 
 import contextlib

@@ -8,7 +8,7 @@ import pytest
 
 from verl.utils.dataset.rlla_synthetic import TOOLS, corpus_texts, generate_records
 
-# The format regexes of specs/rlla_reward.md, written out independently.
+# The format regexes of ToolRL's reward, written out independently.
 TOOL_ONLY = re.compile(r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>$", re.DOTALL)
 RESPONSE_ONLY = re.compile(r"^<think>.*?</think>\n<response>.*?</response>$", re.DOTALL)
 

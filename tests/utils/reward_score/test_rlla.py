@@ -1,7 +1,7 @@
 """ToolRL's RLLA reward: real records score the maximum, perturbations score what the spec's formulas give.
 
-Every expected value below is worked out by hand from /work/shared/specs/rlla_reward.md; the
-derivation is written next to it.
+Every expected value below is worked out by hand from ToolRL's reward rules (verl/utils/reward_score/rlla.py's
+docstrings, ToolRL's paper); the derivation is written next to it.
 """
 
 import json

@@ -3,7 +3,7 @@
 Owns gae, grpo (and its vectorized twin), grpo_passk, rloo (and vectorized), opo, reinforce_plus_plus(_baseline),
 remax, gpg, reinforce, and `BUILTIN_ADV_ESTIMATORS`, the table core_algos registers them from (under
 `AdvantageEstimator` names). Does not own the registry (`register_adv_est`, `get_adv_estimator_fn`: core_algos).
-Layer 3 (DESIGN.md): imports torch, numpy, `verl.utils.torch_functional` and `loss_aggregation.cfg_get` only.
+Layer 3 (docs/architecture.md#layers): imports torch, numpy, `verl.utils.torch_functional` and `loss_aggregation.cfg_get` only.
 Estimators run without gradient; all reward/mask/advantage tensors are (bs, response_length), `index` is (bs,).
 """
 

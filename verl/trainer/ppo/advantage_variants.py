@@ -6,7 +6,7 @@ Owns `compute_gdpo_outcome_advantage` (per-component rewards from the batch's `n
 baselines from the actor's `old_log_probs` and `sum_pi_squared`), and `VARIANT_ADV_ESTIMATORS`, the table
 core_algos registers them from (as it does `advantage.BUILTIN_ADV_ESTIMATORS`). Signatures and defaults follow
 verl 0.9.1; core_algos.compute_advantage hands each one the arguments its signature names.
-Layer 3 (DESIGN.md): torch, numpy, `verl.utils.torch_functional`, `advantage` and `loss_aggregation` only; must
+Layer 3 (docs/architecture.md#layers): torch, numpy, `verl.utils.torch_functional`, `advantage` and `loss_aggregation` only; must
 not import core_algos (which imports this module). Estimators run without gradient; reward/mask/log-prob
 tensors are (bs, response_length), `index` is (bs,).
 """

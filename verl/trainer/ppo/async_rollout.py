@@ -4,7 +4,7 @@ versions behind.
 
 Owns `AsyncRollout` (the scheduler the trainer calls at the start and end of each step), `resolve_async_config`
 (checks of the async keys and the settings they imply), `actor_role` and `rollout_pool_spec` (the worker layout).
-Layer 8 (DESIGN.md): drives worker groups through the trainer (its phases 1-4, `_rollout_score_and_filter`) and
+Layer 8 (docs/architecture.md#layers): drives worker groups through the trainer (its phases 1-4, `_rollout_score_and_filter`) and
 Ray's object store; no algorithm maths.
 
 How a run goes (s = async_training.max_staleness):

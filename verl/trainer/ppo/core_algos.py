@@ -9,7 +9,7 @@ Owns: the advantage-estimator registry (`ADV_ESTIMATOR_REGISTRY`, `register_adv_
 in `policy_loss_variants.py`, bypass_mode in `policy_loss_bypass.py`), the KL estimators and controllers in `kl.py`,
 `agg_loss` in `loss_aggregation.py`; none of them imports this module. This module registers the built-ins from
 their tables and re-exports everything, so `core_algos.<name>` is verl's API.
-Layer 3 (DESIGN.md): torch, numpy, `verl.utils` and those modules only; no models, Ray or I/O.
+Layer 3 (docs/architecture.md#layers): torch, numpy, `verl.utils` and those modules only; no models, Ray or I/O.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: `kl_penalty` (the k1/abs/k2/k3 estimators and their "+" straight-through variants), `kl_penalty_forward`,
 `FixedKLController`, `AdaptiveKLController` and the `DataProto` step `apply_kl_penalty`. `get_kl_controller` (reads config) stays in
-core_algos, which re-exports everything here. Layer 3 (DESIGN.md): imports torch, numpy and
+core_algos, which re-exports everything here. Layer 3 (docs/architecture.md#layers): imports torch, numpy and
 `verl.utils.torch_functional` only (DataProto for type hints); must not import core_algos, models, Ray or I/O.
 """
 

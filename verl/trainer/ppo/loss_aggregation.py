@@ -1,8 +1,8 @@
 """Loss aggregation shared by the policy, value, entropy and KL losses: `agg_loss` and its modes.
 
-Owns `LOSS_AGG_MODES`, `agg_loss` (verl 0.9.1's numbers, see specs/core_algos.md) and `cfg_get`, the one reader of
+Owns `LOSS_AGG_MODES`, `agg_loss` (verl 0.9.1's numbers) and `cfg_get`, the one reader of
 algorithm config values (dict, DictConfig or dataclass) the algorithm modules share. Re-exported by core_algos.
-Layer 3 (DESIGN.md): imports torch and `verl.utils.torch_functional` only, so `policy_loss`, `advantage` and
+Layer 3 (docs/architecture.md#layers): imports torch and `verl.utils.torch_functional` only, so `policy_loss`, `advantage` and
 `core_algos` can all import it without a cycle.
 """
 

@@ -4,7 +4,7 @@ Owns: the losses vanilla (dual-clip PPO), gspo, clip_cov, kl_cov, gpg, cispo, re
 `BUILTIN_POLICY_LOSSES` that registers them, and their private helpers (global-batch arguments for `agg_loss`,
 truncated importance sampling and AReaL's decoupled behaviour weight, the metrics dict, clip ranges). Does not own
 the registry (`register_policy_loss`, `get_policy_loss_fn`) nor `agg_loss`: both live in core_algos, which imports
-this module at its end and re-exports the losses, so importing either module registers them. Layer 3 (DESIGN.md):
+this module at its end and re-exports the losses, so importing either module registers them. Layer 3 (docs/architecture.md#layers):
 imports torch, `verl.utils.torch_functional` and core_algos only. Every loss has verl's signature
 `fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs,
 rollout_is_weights) -> (pg_loss scalar, metrics)`; all tensors are (bs, response_length); `rollout_is_weights`

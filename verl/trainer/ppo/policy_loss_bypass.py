@@ -4,7 +4,7 @@ Owns `compute_policy_loss_bypass_mode`, registered as "bypass_mode" by core_algo
 (`algorithm.rollout_correction.bypass_mode=true`) the trainer skips the old-log-prob forward pass and hands the
 rollout's log-probs in as `old_log_prob`, so only two policies remain: pi_rollout and the current pi_theta. The
 IS weights and rejection mask are then computed here, per micro-batch, from the current log-probs (see
-`rollout_corr_helper`). Layer 3 (DESIGN.md): imports torch, `policy_loss`, `loss_aggregation` and
+`rollout_corr_helper`). Layer 3 (docs/architecture.md#layers): imports torch, `policy_loss`, `loss_aggregation` and
 `rollout_corr_helper`; not core_algos (which imports this module).
 """
 

@@ -5,7 +5,7 @@ Owns: the losses dppo_tv and dppo_kl (divergence-masked PPO), sapo (soft-gated r
 `PolicyLossFn`. Shares the private helpers of `policy_loss.py` (aggregation with global-batch counts, truncated IS
 and the decoupled behaviour weight, the metrics dict, clip ranges), so these losses normalise and reweight exactly
 as the built-in ones do. Does not own the registry: core_algos imports this module and registers the table.
-Layer 3 (DESIGN.md): imports torch, `verl.utils.torch_functional`, `loss_aggregation` and `policy_loss` only,
+Layer 3 (docs/architecture.md#layers): imports torch, `verl.utils.torch_functional`, `loss_aggregation` and `policy_loss` only,
 never core_algos. Every loss has the signature of the built-in ones, `fn(old_log_prob, log_prob, advantages,
 response_mask, loss_agg_mode, config, rollout_log_probs, rollout_is_weights) -> (pg_loss scalar, metrics)`; all
 tensors are (bs, response_length); `rollout_is_weights` (verl's rollout-correction IS weights) multiply the token

@@ -1,5 +1,5 @@
 """The PPO driver: `Role`, `ResourcePoolManager` and `RayPPOTrainer.fit`, which runs the step of
-DESIGN.md (generate -> reward -> log-probs -> advantages -> critic/actor updates) over colocated
+docs/architecture.md#one-training-step (generate -> reward -> log-probs -> advantages -> critic/actor updates) over colocated
 worker groups, with validation (validation.py), metrics, checkpoint/resume and a final summary.
 
 Layer 8: calls the algorithm maths in core_algos and the workers through their worker groups.
@@ -579,7 +579,7 @@ class RayPPOTrainer:
 
 def finish_run(summary: dict[str, Any]) -> dict[str, Any]:
     """The end of a run: its curves drawn into a PNG beside the logs (`summary["plot"]`), and the summary printed.
-    `main_ppo.run_ppo` calls it after Ray has stopped the workers: matplotlib (~20 MB) then never adds to the
+    `main_ppo.run_ppo` calls it after Ray has stopped the workers: matplotlib's memory then never adds to the
     run's peak memory, which the workers' retained memory sets until they stop."""
     try:
         from verl.utils.plot import plot_run

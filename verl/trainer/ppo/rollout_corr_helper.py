@@ -18,7 +18,7 @@ Owns verl's public functions of `verl.trainer.ppo.rollout_corr_helper`, same nam
 - `resolve_rollout_correction_config`: the start-up checks of the block (a bad value stops with one line) and,
   in bypass mode, the actor's policy-loss settings verl's `apply_bypass_mode` writes.
 The metrics live in `rollout_corr_metrics` and are re-exported here. The loss of bypass mode is in
-`policy_loss_bypass`. Layer 3 (DESIGN.md): torch, `verl.utils.torch_functional`, `verl.protocol`, omegaconf; it
+`policy_loss_bypass`. Layer 3 (docs/architecture.md#layers): torch, `verl.utils.torch_functional`, `verl.protocol`, omegaconf; it
 must not import core_algos, models, Ray or workers.
 """
 

@@ -5,7 +5,7 @@ importance-sampling weights (`compute_is_metrics`), of one rejection criterion (
 off-policy diagnostics that need only the two log-probs (`compute_offpolicy_metrics`: KL, perplexities, chi-square;
 `compute_rollout_corr_metrics_from_logprobs` adds the `rollout_corr/` prefix). Names and formulas are verl's; the
 keys are returned without prefix except by the last function. `rollout_corr_helper` (the weights and masks) calls
-these and re-exports them. Layer 3 (DESIGN.md): torch and `verl.utils.torch_functional` only.
+these and re-exports them. Layer 3 (docs/architecture.md#layers): torch and `verl.utils.torch_functional` only.
 
 Every tensor is (bs, response_length) unless said otherwise; `response_mask` is 1 on the tokens that count.
 """

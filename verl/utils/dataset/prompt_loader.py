@@ -6,7 +6,7 @@ Owns `load_batches` (given row lists -> collated batches, in order; used for val
 resume continues from is the batch the trainer last *used*, never how far the workers prefetched, so a resume gives
 the same batches with any number of workers (StatefulDataLoader is not needed).
 
-Layer 4 (DESIGN.md): torch and the samplers only; never Ray or trainer code.
+Layer 4 (docs/architecture.md#layers): torch and the samplers only; never Ray or trainer code.
 """
 
 from __future__ import annotations

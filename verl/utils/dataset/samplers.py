@@ -3,7 +3,7 @@
 Owns `ResumableSampler` (RandomSampler's orders with a saved place), `RepeatSampler` (its subclass) and
 `epoch_permutation`, the seeded order of one epoch. The trainer draws its prompt
 batches from a `RepeatSampler` (`RayPPOTrainer._train_batches`), so the data order has one definition here.
-Layer 4 (DESIGN.md): imports torch only; never Ray or trainer code.
+Layer 4 (docs/architecture.md#layers): imports torch only; never Ray or trainer code.
 """
 
 from __future__ import annotations

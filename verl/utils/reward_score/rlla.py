@@ -2,7 +2,7 @@
 
 Owns `compute_score(solution_str, ground_truth, step=0, **flags) -> (score, format, correctness, length)`
 and its parts (`extract_prediction`, `format_reward`, `correctness_reward`, `length_reward`,
-`tool_call_reward`, `match_score`). The precise rules are in /work/shared/specs/rlla_reward.md
+`tool_call_reward`, `match_score`). The precise rules are ToolRL's, stated in each function's docstring
 (paper: "ToolRL: Reward is All Tool Learning Needs", Qian et al., 2025). Pure Python: imports no
 tensors, no Ray, no other verl layer.
 

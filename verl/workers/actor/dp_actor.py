@@ -10,7 +10,7 @@ otherwise one is made around the module and optimizer given (verl's constructor)
 The module may be a plain `nn.Module` or one wrapped by FSDP2 (`fully_shard`); gradients are assumed to be
 averaged over the data-parallel ranks (what FSDP does), which is why losses are scaled by `dp_size`. The batch
 helpers the critic shares live in `verl.workers.engine.utils` and are re-exported here.
-Layer 5 of DESIGN.md: no Ray here.
+Layer 5 (docs/architecture.md#layers): no Ray here.
 """
 
 from __future__ import annotations

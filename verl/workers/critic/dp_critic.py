@@ -5,7 +5,7 @@ per-step shuffle, mini-batches and the critic's metrics. Forwards, backwards and
 training engine (`verl.workers.engine.FSDPEngineWithValueHead`) with `verl.workers.utils.losses.value_loss`: the
 worker's engine when it passes one, otherwise one made around the module and optimizer given (verl's constructor).
 The module may be plain or FSDP2-wrapped; gradients are assumed averaged over data-parallel ranks.
-Layer 5 of DESIGN.md: no Ray here.
+Layer 5 (docs/architecture.md#layers): no Ray here.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Settings travel with the data as non-tensor entries of the TensorDict (verl's ke
 `verl.workers.engine.fsdp`).
 
 `EngineRegistry` maps (model type, backend, device) to an engine class, as verl's does.
-Layer 5 (DESIGN.md): torch and tensordict; no Ray, no trainer code.
+Layer 5 (docs/architecture.md#layers): torch and tensordict; no Ray, no trainer code.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def _cpu_grouped_sdpa_applies(
 ) -> bool:
     """Whether a padded call is masked attention over grouped KV heads on CPU, where HF's sdpa copies each KV head to
     its query heads (`repeat_kv`, as CUDA's kernels need with a mask) and torch's CPU kernel takes mask and grouping
-    together: 9.7 against 13.6 ms forward + backward on the bench's update micro-batch (32 x 64 queries, 162 keys).
+    together, without the copies (figures: benchmarks/README.md).
     A single query (decode) and calls without a mask keep HF's path (no copy there)."""
     plain = not (kwargs.get("position_bias") is not None or kwargs.get("softcap") or kwargs.get("output_attentions"))
     grouped = query.shape[1] != key.shape[1] and query.shape[2] > 1
@@ -378,8 +378,8 @@ def _copy_prompt_rows(cache: Any, groups: torch.Tensor, n: int | None) -> None:
 
     When the rows are the prompts in order, n rows each (`prompt_group_order` makes that order), each layer's copy
     is a broadcast of each prompt over its n rows, whose backward sums the n copies' gradients; else, as
-    `batch_select_indices`, an index, whose backward is a scatter-add (~2.5% slower per update micro-batch on the
-    bench shape, on CPU). Both give the same values and gradients. n: `_group_size_in_order(groups)`."""
+    `batch_select_indices`, an index, whose backward is a scatter-add (the slower of the two on CPU). Both give the
+    same values and gradients. n: `_group_size_in_order(groups)`."""
     layers = getattr(cache, "layers", None)  # transformers 5's cache layers; older caches keep the index
     if layers is None or n is None:
         cache.batch_select_indices(groups)

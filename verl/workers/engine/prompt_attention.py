@@ -16,14 +16,11 @@ backward): the backward of each part gets the joined output and logsumexp, which
 (the same identity ring attention uses). Outputs and gradients equal sdpa's over the concatenated cache up to float
 rounding (~1e-6).
 
-Worth it only for long responses. One micro-batch of the bench model (`verl.models.tiny` size s: 4 prompts x 8 rows,
-100-token prompts, 2 threads, median of 5 interleaved), this attention against the prompt cache copied to every row
-and sdpa over it: forward + backward 0.74x at 512 response tokens (3.15 vs 4.27 s), 0.93x at 384, 1.01x at 256 and
-64; the no-grad forward 0.91x at 512, 0.86x at 384, 0.98x at 256. So `applies` starts at `MIN_RESPONSE_LENGTH`.
-Those figures are against HF's sdpa, which copied each KV head to its query heads under a mask; since the copied
-path keeps them grouped on CPU (`model_forward._cpu_grouped_sdpa_applies`) most of the gap is gone (same setup, the
-LM-head statistics as the update runs them, median of 5 interleaved): forward + backward 1.01x at 384 and 0.97x at
-512, the no-grad forward 0.95x and 0.93x. It still reads each prompt once instead of once per row.
+Worth it only for long responses: against the prompt cache copied to every row and sdpa over it, it gains on a
+micro-batch of the bench model at the longest responses and not at short ones (figures: benchmarks/README.md), so
+`applies` starts at `MIN_RESPONSE_LENGTH`. That comparison was against HF's sdpa copying each KV head to its query
+heads under a mask; since the copied path keeps them grouped on CPU (`model_forward._cpu_grouped_sdpa_applies`)
+most of the gap is gone. It still reads each prompt once instead of once per row.
 GPU runs keep HF's attention (flash-attention skips masked blocks itself).
 
 Layer 5 (the engine's forward): torch, transformers and verl.utils.torch_functional; no Ray.

@@ -10,7 +10,7 @@ Owns the pieces the engines (`verl.workers.engine.fsdp`) and the PPO actor/criti
 - `mask_padding_rows` / `REAL_ROW_KEY`: the rows a dispatch padded train on nothing;
 - `data_parallel_size`, `module_device`, `all_reduce_sum`, `one_rank_fsdp2`.
 
-Layer 5 (DESIGN.md): torch, verl.protocol and layer-1 helpers; no Ray, no trainer code.
+Layer 5 (docs/architecture.md#layers): torch, verl.protocol and layer-1 helpers; no Ray, no trainer code.
 """
 
 from __future__ import annotations
