@@ -20,9 +20,7 @@ log-probs or values and scatters them back (`scatter_to_responses`). Layouts:
   run that prompt once; the prompt's KV cache is copied to its rows and the responses run on it. Causal
   attention makes the prompt's states independent of the response, so this equals the full forward; autograd
   flows through the copies, so it serves the update pass too. Not with gradient checkpointing (HF drops the
-  cache there). On CPU, for responses of `prompt_attention.MIN_RESPONSE_LENGTH` tokens or more with the rows in
-  prompt order, the prompt is not copied: the response call attends to each prompt's one copy and to its own
-  response in causal blocks (`prompt_attention.py`).
+  cache there).
 
 The LM head (`head=HeadSpec(...)`): the model's own head is swapped, for the call, for `_HeadCall`, which turns the
 hidden states of the kept positions into per-token statistics (`head_stats.head_token_stats`: log-prob of the label,
@@ -49,15 +47,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from verl.utils.torch_functional import (
-    attention_implementation,
     cache_kwarg,
     group_first_rows,
     prompt_groups,
 )
 from verl.workers.engine.head_stats import HeadSpec, head_token_stats
-from verl.workers.engine.prompt_attention import ATTENTION_NAME as PROMPT_BLOCKS_ATTENTION
-from verl.workers.engine.prompt_attention import PromptCache
-from verl.workers.engine.prompt_attention import applies as prompt_blocks_apply
 
 __all__ = [
     "HeadSpec",
@@ -404,8 +398,7 @@ def _shared_prompt(
     prompt_mask = mask[first_row, :prompt_len]
     first = _common_left_pad(prompt_mask)
     n = _group_size_in_order(groups)
-    blocked = n is not None and prompt_blocks_apply(module, response_length, mask[:, prompt_len:])
-    cache = PromptCache(module.config.num_hidden_layers) if blocked else DynamicCache()
+    cache = DynamicCache()
     prompt_out = _call(
         module,
         is_lm,
@@ -417,28 +410,21 @@ def _shared_prompt(
         **{cache_kwarg(module): cache},
         use_cache=True,
     )[:, -1:]
-    extra = {}
-    if blocked:  # the prompts stay one copy each; the response call attends to them by prompt_attention
-        cache.start_responses(n, prompt_mask[:, first:])
-        extra["prompt_attention"] = cache
-    else:
-        _copy_prompt_rows(cache, groups, n)
+    _copy_prompt_rows(cache, groups, n)
     head_call = None
     if head is not None:
         head_call = _HeadCall(head, input_ids[:, prompt_len:], prefix=prompt_out[groups])
-    with attention_implementation(module, PROMPT_BLOCKS_ATTENTION if blocked else None):
-        response_out = _call(
-            module,
-            is_lm,
-            0,
-            head_call,
-            input_ids=input_ids[:, prompt_len:],
-            attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
-            position_ids=pos[:, prompt_len:],
-            **{cache_kwarg(module): cache},
-            use_cache=True,
-            **extra,
-        )
+    response_out = _call(
+        module,
+        is_lm,
+        0,
+        head_call,
+        input_ids=input_ids[:, prompt_len:],
+        attention_mask=torch.cat([prompt_mask[groups, first:], mask[:, prompt_len:]], dim=1),
+        position_ids=pos[:, prompt_len:],
+        **{cache_kwarg(module): cache},
+        use_cache=True,
+    )
     out = response_out if head is not None else torch.cat([prompt_out[groups], response_out[:, :-1]], dim=1)
     where = torch.ones(out.shape[:2], dtype=torch.bool, device=out.device)
     return out.reshape(-1, out.shape[-1]), where
