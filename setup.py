@@ -25,6 +25,7 @@ setup(
         "tqdm",
         "matplotlib",
         "psutil",
+        "pydantic>=2",  # verl.tools: verl's tool schemas and ToolResponse are pydantic v2 models
         "fastapi",  # verl.rollout_server's HTTP routes
         "uvicorn",
     ],

@@ -135,7 +135,7 @@ def test_tool_call_format_by_name():
     assert get_tool_call_format(None) is hermes and hermes.stop == "</tool_call>"
     text = 'ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
     assert hermes.parse(text) == parse_tool_calls(text) and hermes.parse(text)[0].name == "add"
-    with pytest.raises(
-        ValueError, match=r"multi_turn.format='gpt-oss' is not a known tool-call format; known: \['hermes'\]"
-    ):
-        get_tool_call_format("gpt-oss")
+    assert get_tool_call_format("qwen3_coder").stop == "</tool_call>"  # verl's parsers (tool_formats.py)
+    known = r"known: \['deepseek_v4', 'gemma4', 'glm', 'gpt-oss', 'hermes', 'kimi', 'minimax', 'qwen3_coder', 'seed'\]"
+    with pytest.raises(ValueError, match=r"multi_turn.format='nope' is not a known tool-call format; " + known):
+        get_tool_call_format("nope")

@@ -2,12 +2,14 @@
 
 Owns `ToolRegistry` and the `@tool` decorator (registers into `DEFAULT_REGISTRY`): a tool is a plain or
 async Python function with a typed signature; its JSON schema (OpenAI function format) comes from the
-annotations (str, int, float, bool, list, dict, optionally `| None`) and the first docstring line.
+annotations (str, int, float, bool, list, dict, unions of them such as `int | float` or `X | None`,
+`Literal[...]` as an enum) and the first docstring line.
 
-`parse_tool_calls(text)` reads every `<tool_call> ... </tool_call>` block of a model turn: the block is one
-JSON object, a JSON list of objects, or one object per line (the RLLA / ToolRL format); an object is
-`{"name": ..., "arguments": {...}}` ("parameters" is accepted too, and OpenAI's JSON-string arguments).
-That is verl's `hermes` format; `get_tool_call_format(rollout.multi_turn.format)` picks the parser by name.
+Tool-call parsing is re-exported from `verl.envs.tool_formats` (the one implementation, shared with verl's
+`ToolParser` classes): `parse_tool_calls(text)` reads every `<tool_call> ... </tool_call>` block of a model
+turn (one JSON object, a JSON list of objects, or one object per line as in RLLA / ToolRL: verl's `hermes`
+format), and `get_tool_call_format(rollout.multi_turn.format)` picks a format by verl's parser name (`hermes`,
+`qwen3_coder`, `kimi`, `glm`, ...; `TOOL_CALL_FORMATS`).
 `run_tool_calls` turns a turn into observations: results, and every failure (bad JSON, unknown tool, bad
 arguments, an exception in the tool, a timeout) as an `error: ...` text. Nothing here raises on model
 output: errors are what the model gets to read.
@@ -24,13 +26,22 @@ import importlib.util
 import inspect
 import json
 import os
-import re
 import sys
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# Parsing lives in verl.envs.tool_formats (one implementation, shared with verl's ToolParser classes).
+from verl.envs.tool_formats import (
+    TOOL_CALL_FORMATS,
+    TOOL_CALL_RE,  # noqa: F401 (a module-level name of this file before the move)
+    ParsedToolCall,
+    ToolCallFormat,
+    get_tool_call_format,
+    parse_tool_calls,
+)
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -47,7 +58,6 @@ __all__ = [
     "tool",
 ]
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
                                dict: "object"}  # fmt: skip
 _PY_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
@@ -69,18 +79,40 @@ class Tool:
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}  # fmt: skip
 
 
-def _json_type(annotation: Any, where: str) -> tuple[str, bool]:
-    """(JSON type, nullable) of a parameter annotation; TypeError for anything unsupported."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(annotation)) == 2:
-            return _json_type(args[0], where)[0], True
-        raise TypeError(f"{where}: union annotation {annotation!r}; only `X | None` is supported")
-    base = origin or annotation
+def _json_type(annotation: Any, where: str) -> str:
+    """The JSON type of a plain annotation (str, int, float, bool, list, dict, generic or not); TypeError else."""
+    base = typing.get_origin(annotation) or annotation
     if base in _JSON_TYPES:
-        return _JSON_TYPES[base], False
-    raise TypeError(f"{where}: annotation {annotation!r} is not one of str, int, float, bool, list, dict (or | None)")
+        return _JSON_TYPES[base]
+    raise TypeError(
+        f"{where}: annotation {annotation!r} is not one of str, int, float, bool, list, dict, a union of them "
+        f"(`int | float`, `X | None`) or a Literal of str/int/float/bool values"
+    )
+
+
+def _property_schema(annotation: Any, where: str) -> dict:
+    """The JSON schema of one parameter: {"type": ...}, a list of types for a union ("null" last for
+    `| None`), and "enum" for `Literal[...]`; TypeError for anything unsupported."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        values = list(typing.get_args(annotation))
+        kinds = []
+        for value in values:
+            if type(value) not in (str, int, float, bool):
+                raise TypeError(f"{where}: Literal value {value!r} is not a str, int, float or bool")
+            if _JSON_TYPES[type(value)] not in kinds:
+                kinds.append(_JSON_TYPES[type(value)])
+        return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        kinds = []
+        for arg in args:
+            if arg is not type(None) and _json_type(arg, where) not in kinds:
+                kinds.append(_json_type(arg, where))
+        if type(None) in args:
+            kinds.append("null")
+        return {"type": kinds[0] if len(kinds) == 1 else kinds}
+    return {"type": _json_type(annotation, where)}
 
 
 def _schema(fn: Callable, name: str) -> dict:
@@ -95,8 +127,7 @@ def _schema(fn: Callable, name: str) -> dict:
             raise TypeError(f"{where}: *args/**kwargs cannot be described to the model; list the parameters")
         if param.name not in hints:
             raise TypeError(f"{where} has no type annotation; tools need a typed signature")
-        json_type, nullable = _json_type(hints[param.name], where)
-        properties[param.name] = {"type": [json_type, "null"] if nullable else json_type}
+        properties[param.name] = _property_schema(hints[param.name], where)
         if param.default is inspect.Parameter.empty:
             required.append(param.name)
     return {"type": "object", "properties": properties, "required": required}
@@ -158,10 +189,18 @@ class ToolRegistry:
             allowed = json_type if isinstance(json_type, list) else [json_type]
             if value is None and "null" in allowed:
                 continue
-            kinds = _PY_TYPES[allowed[0]]
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-                return f"argument {key!r} must be {allowed[0]}, got {json.dumps(value)}"
+            kinds = [kind for kind in allowed if kind != "null"]
+            if not any(_is_json_type(value, kind) for kind in kinds):
+                return f"argument {key!r} must be {' or '.join(kinds)}, got {json.dumps(value)}"
+            if "enum" in props[key] and value not in props[key]["enum"]:
+                return f"argument {key!r} must be one of {json.dumps(props[key]['enum'])}, got {json.dumps(value)}"
         return None
+
+
+def _is_json_type(value: Any, kind: str) -> bool:
+    """Whether a decoded JSON value is of JSON type `kind` (a bool is neither an integer nor a number)."""
+    kinds = _PY_TYPES.get(kind, ())
+    return isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
 
 
 DEFAULT_REGISTRY = ToolRegistry()
@@ -187,100 +226,6 @@ def import_tool_modules(modules: list[str]) -> None:
             spec.loader.exec_module(loaded)
         else:
             importlib.import_module(str(module))
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-@dataclass(frozen=True)
-class ParsedToolCall:
-    """One call read from model text: name and arguments, or `error` (what the model will be told)."""
-
-    name: str | None = None
-    arguments: dict | None = None
-    error: str | None = None
-
-
-def _snippet(text: str, limit: int = 80) -> str:
-    text = text.strip()
-    return json.dumps(text if len(text) <= limit else text[:limit] + "...")
-
-
-def _call_from_object(obj: Any) -> ParsedToolCall:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return ParsedToolCall(
-            error=f'a tool call must be {{"name": ..., "arguments": {{...}}}}, got {_snippet(json.dumps(obj))}'
-        )
-    arguments = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as err:
-            return ParsedToolCall(
-                name=obj["name"], error=f"arguments of {obj['name']!r} are not valid JSON ({err.msg})"
-            )
-    if not isinstance(arguments, dict):
-        return ParsedToolCall(name=obj["name"], error=f"arguments of {obj['name']!r} must be a JSON object")
-    return ParsedToolCall(name=obj["name"], arguments=arguments)
-
-
-def _parse_block(block: str) -> list[ParsedToolCall]:
-    try:
-        obj = json.loads(block)
-    except json.JSONDecodeError:
-        lines = [line for line in block.strip().splitlines() if line.strip()]
-        if len(lines) <= 1:
-            return [_bad_json(block)]
-        calls = []
-        for line in lines:
-            try:
-                calls.append(_call_from_object(json.loads(line)))
-            except json.JSONDecodeError:
-                calls.append(_bad_json(line))
-        return calls
-    items = obj if isinstance(obj, list) else [obj]
-    return [_call_from_object(item) for item in items] or [ParsedToolCall(error="empty tool call list")]
-
-
-def _bad_json(text: str) -> ParsedToolCall:
-    try:
-        json.loads(text)
-        reason = "unexpected format"
-    except json.JSONDecodeError as err:
-        reason = f"{err.msg} at column {err.colno}"
-    return ParsedToolCall(error=f"the tool call is not valid JSON ({reason}): {_snippet(text)}")
-
-
-def parse_tool_calls(text: str) -> list[ParsedToolCall]:
-    """Every call in the `<tool_call>` blocks of `text`, in order (empty when there is no complete block)."""
-    calls: list[ParsedToolCall] = []
-    for block in TOOL_CALL_RE.findall(text):
-        calls.extend(_parse_block(block))
-    return calls
-
-
-@dataclass(frozen=True)
-class ToolCallFormat:
-    """How one model family writes tool calls: the parser of a turn's text and the string that ends a call
-    (a model turn stops there so the tools can run)."""
-
-    parse: Callable[[str], list[ParsedToolCall]]
-    stop: str
-
-
-# `actor_rollout_ref.rollout.multi_turn.format` (verl's key, default hermes) -> format
-TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
-    "hermes": ToolCallFormat(parse=parse_tool_calls, stop="</tool_call>"),  # <tool_call>{json}</tool_call>
-}
-
-
-def get_tool_call_format(name: Any) -> ToolCallFormat:
-    """The tool-call format named by `rollout.multi_turn.format` (None = hermes); ValueError listing the known."""
-    name = "hermes" if name is None else str(name)
-    if name not in TOOL_CALL_FORMATS:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.multi_turn.format={name!r} is not a known tool-call format; "
-            f"known: {sorted(TOOL_CALL_FORMATS)}"
-        )
-    return TOOL_CALL_FORMATS[name]
 
 
 # ----------------------------------------------------------------------------------------------- running

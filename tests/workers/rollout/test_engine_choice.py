@@ -138,7 +138,7 @@ def test_driver_leaves_the_choice_to_the_workers(monkeypatch, capsys):
         )
         bad.actor_rollout_ref.rollout.workflow = "multi_turn_tool"
         with pytest.raises(
-            ValueError, match=r"multi_turn.format='gpt' is not a known tool-call format; known: \['hermes'\]"
+            ValueError, match=r"multi_turn.format='gpt' is not a known tool-call format; known: \['deepseek_v4', 'gemma4',"
         ):
             _check_rollout_name(bad)
 

@@ -255,8 +255,10 @@ def test_multi_turn_tool_needs_tools(make_config, tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"unknown tools \['nope'\]"):
         MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "tools": ["nope"]}), tokenizer)
     assert workflow.tool_call_format.stop == "</tool_call>"  # multi_turn.format: verl's default hermes
-    with pytest.raises(ValueError, match=r"multi_turn.format='qwen3_coder' is not a known tool-call format"):
-        MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "format": "qwen3_coder"}), tokenizer)
+    qwen3 = MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "format": "qwen3_coder"}), tokenizer)
+    assert qwen3.tool_call_format.stop == "</tool_call>"
+    with pytest.raises(ValueError, match=r"multi_turn.format='nope' is not a known tool-call format"):
+        MultiTurnToolWorkflow(make_config(multi_turn={**multi_turn, "format": "nope"}), tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------- environment

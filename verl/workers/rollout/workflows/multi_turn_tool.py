@@ -66,6 +66,7 @@ class MultiTurnToolWorkflow(RolloutWorkflow):
                 "the multi_turn_tool workflow has no tools: register functions with @verl.envs.tools.tool in a "
                 "module listed in rollout.multi_turn.tool_modules"
             )
+        self.tool_schemas = self.registry.schemas()  # typed values and ids for the qwen3_coder and kimi formats
 
     async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto:
         prompt = prompt_ids_of(data)
@@ -84,7 +85,7 @@ class MultiTurnToolWorkflow(RolloutWorkflow):
             if resp.stop_reason == "length" or turns >= self.max_turns:
                 break
             text = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=False)
-            calls = self.tool_call_format.parse(text)
+            calls = self.tool_call_format.parse(text, self.tool_schemas)
             if not calls or "<response>" in text:
                 break
             observations = await run_tool_calls(self.registry, calls, self.tool_timeout_s)
