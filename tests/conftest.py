@@ -1,5 +1,5 @@
-"""Shared pytest fixtures: one Ray session for the whole run, one tiny Qwen2 model built locally, torch at two
-threads for a test.
+"""Shared pytest fixtures: one Ray session for the whole run, one tiny Qwen2 model built locally (its folder, and per
+test module its tokenizer and float32 model), torch at two threads for a test.
 
 Owned by the lead; put fixtures private to a test package in that package's own conftest.py.
 """
@@ -59,6 +59,22 @@ def tiny_model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_qwen2")
     build_tiny_model(str(out), size="xs", seed=0)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    """The tiny model in float32, in eval mode (one per test module: tests may write its weights)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

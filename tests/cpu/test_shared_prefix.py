@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from tests.workers.test_hf_rollout import make_prompts, rollout_config
@@ -202,16 +202,6 @@ def test_applies_only_to_plain_full_attention_under_sdpa():
     config.layer_types = ["full_attention", "full_attention"]
     config.model_type = "gemma2"  # softcapped attention
     assert not shared_prefix.applies_to(config)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def _generate(model, tokenizer, prompts, shared: bool, monkeypatch, **cfg):

@@ -1,21 +1,9 @@
 """Fixtures of the environment tests: the tiny model behind an `hf` engine, and its tokenizer."""
 
 import pytest
-import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.workers.rollout.hf_rollout import HFRollout
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture

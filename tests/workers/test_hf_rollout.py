@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from verl.cpu import lean_decode
 from verl.protocol import DataProto
@@ -49,16 +49,6 @@ def make_prompts(tokenizer, texts=TEXTS, prompt_len=PROMPT_LEN, **meta) -> DataP
         non_tensors={"uid": np.array([f"u{i}" for i in range(len(texts))], dtype=object)},
         meta_info=meta,
     )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def full_forward_log_probs(model, out: DataProto, temperature: float) -> torch.Tensor:
