@@ -2,13 +2,13 @@
 # Run verl 0.9.1's own CPU unit tests of the verl API surface against THIS package (not part of CI).
 #
 # Downloads the verl 0.9.1 wheel (PyPI, no dependencies), copies its tests of the protocol, core_algos, loss
-# aggregation, value-loss normalisation, rollout correction, the @register decorator and the tool API
-# (verl.tools: function tools, the tool-config loader) into a scratch directory outside the repo, and runs them
-# with this repository's interpreter, so that `import verl` resolves to this checkout.
+# aggregation, value-loss normalisation, rollout correction, the @register decorator, the tool API (verl.tools:
+# function tools, the tool-config loader), the tool parsers and the tool agent loop (tool calls, tool-call ids)
+# into a scratch directory outside the repo, and runs them with this repository's interpreter, so that
+# `import verl` resolves to this checkout.
 # The tool tests keep verl's layout (tests/tools/ as a package, beside its _stub_search_tools.py), since they
-# import `tests.tools._stub_search_tools`. Two of them need what this package lacks: verl's per-component
-# config files (verl/trainer/config/rollout/rollout.yaml, read from the working directory) and
-# verl.experimental.agent_loop (ToolListWrap).
+# import `tests.tools._stub_search_tools`. One of them needs what this package lacks: verl's per-component
+# config files (verl/trainer/config/rollout/rollout.yaml, read from the working directory).
 # Usage: scripts/run_verl_api_tests.sh [extra pytest args]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 
@@ -25,6 +25,8 @@ for test in \
     tests/test_protocol_on_cpu.py \
     tests/trainer/ppo/test_core_algos_on_cpu.py \
     tests/experimental/agent_loop/test_qwen3_tool_parser_on_cpu.py \
+    tests/experimental/agent_loop/test_call_tool_on_cpu.py \
+    tests/experimental/agent_loop/test_tool_call_id_on_cpu.py \
     tests/trainer/ppo/test_loss_aggregation_on_cpu.py \
     tests/trainer/ppo/test_value_loss_normalization_on_cpu.py \
     tests/trainer/ppo/test_rollout_corr.py \

@@ -160,6 +160,46 @@ def _check_rollout_name(config: DictConfig) -> None:
         get_tool_call_format((rollout.get("multi_turn") or {}).get("format", "hermes"))
 
 
+def _pick_agent_loop_workflow(config: DictConfig) -> None:
+    """verl's agent loops run as the `agent_loop` rollout workflow, chosen here (before the datasets and workers
+    are built) when `rollout.multi_turn.enable` is true, `rollout.agent` names another default loop or a loop config
+    file, or the data files have an `agent_name` column (verl 0.9.1 runs every rollout through its agent loops;
+    without any of these the default `rlvr` gives the single-turn loop's rows). As in verl 0.9.1 the rows then
+    carry the chat (`data.return_raw_chat` becomes true), and the workflow gets the `data` section (chat-template
+    arguments) as `workflow_kwargs.data_config`."""
+    import pyarrow.parquet as pq
+
+    rollout = config.actor_rollout_ref.rollout
+    agent = rollout.get("agent") or {}
+    reasons = []
+    if (rollout.get("multi_turn") or {}).get("enable", False):
+        reasons.append("actor_rollout_ref.rollout.multi_turn.enable=true")
+    if agent.get("default_agent_loop", "single_turn_agent") != "single_turn_agent":
+        reasons.append(f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop}")
+    if agent.get("agent_loop_config_path"):
+        reasons.append("actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    files = _as_list(config.data.get("train_files")) + _as_list(config.data.get("val_files"))
+    if any("agent_name" in pq.read_schema(f).names for f in files if os.path.isfile(f)):
+        reasons.append("the data's agent_name column")
+    workflow = rollout.get("workflow")
+    if not reasons and workflow != "agent_loop":
+        return
+    if workflow not in ("rlvr", "agent_loop"):
+        raise ValueError(
+            f"{reasons[0]} runs verl's agent loops (actor_rollout_ref.rollout.workflow=agent_loop), but "
+            f"actor_rollout_ref.rollout.workflow={workflow!r}; leave the workflow at its default rlvr"
+        )
+    with open_dict(config):
+        config.data.return_raw_chat = True  # verl 0.9.1's dataset always gives agent loops the chat
+        kwargs = rollout.get("workflow_kwargs") or {}
+        kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs)
+        rollout.workflow = "agent_loop"
+        rollout.workflow_kwargs = {**kwargs, "data_config": OmegaConf.to_container(config.data, resolve=True)}
+    if workflow != "agent_loop":
+        print(f"notice: actor_rollout_ref.rollout.workflow=agent_loop (verl's agent loops) for {', '.join(reasons)}",
+              file=sys.stderr)  # fmt: skip
+
+
 def _check_rollout_workflow(name: str | None) -> None:
     from verl.workers.rollout.workflows import get_workflow_class
 
@@ -355,6 +395,7 @@ def build_trainer(config: DictConfig):
         ),
     )
     num_examine = config.reward.get("num_examine", 1)
+    _pick_agent_loop_workflow(config)
     if domain_setup is None:
         max_train = int(config.data.get("train_max_samples", -1) or -1)
         train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, max_samples=max_train)

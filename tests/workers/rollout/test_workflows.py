@@ -136,7 +136,7 @@ def test_registry_names_and_dotted_paths(make_config, tokenizer):
     assert get_workflow_class("rlvr") is RLVRWorkflow
     assert get_workflow_class("verl.workers.rollout.workflows.rlvr:RLVRWorkflow") is RLVRWorkflow
     assert build_workflow(make_config(workflow=None), tokenizer) is None
-    with pytest.raises(ValueError, match=r"unknown rollout workflow 'rlhf'.*\['environment', 'multi_turn_tool'"):
+    with pytest.raises(ValueError, match=r"unknown rollout workflow 'rlhf'.*\['agent_loop', 'environment', 'multi"):
         get_workflow_class("rlhf")
     with pytest.raises(ValueError, match="cannot be imported"):
         get_workflow_class("no_such_pkg.module:Workflow")

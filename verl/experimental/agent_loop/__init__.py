@@ -1,11 +1,50 @@
 """verl's `verl.experimental.agent_loop` package: the agent loops and their tool-call parsers.
 
-Exports what is built so far: `FunctionCall` and `ToolParser` (`tool_parser`, verl's parsers over the shared
-text readers of `verl.envs.tool_formats`). Keep this light: nothing here may import torch, Ray or an engine.
+Exports verl's names: `AgentLoopBase`, `AgentLoopOutput`, `AgentLoopMetrics`, `DictConfigWrap`, `ToolListWrap`,
+`register`, `get_trajectory_info` (`agent_loop`), `SingleTurnAgentLoop` ("single_turn_agent") and `ToolAgentLoop`
+("tool_agent"), imported here so that importing the package registers both (as in verl), and `FunctionCall` /
+`ToolParser` (`tool_parser`). verl's Ray `AgentLoopManager` / `AgentLoopWorker` are not provided (asking for them
+says why): loops run inside each rollout worker through the `agent_loop` rollout workflow.
 
-Layer 1: standard library and `verl.envs.tool_formats` only.
+Layer 1: its modules (the standard library, pydantic, torch, `verl.tools` and `verl.envs.tool_formats`).
 """
 
+from __future__ import annotations
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    build_agent_loop,
+    get_trajectory_info,
+    register,
+)
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 
-__all__ = ["FunctionCall", "ToolParser"]
+__all__ = [
+    "AgentLoopBase",
+    "AgentLoopMetrics",
+    "AgentLoopOutput",
+    "DictConfigWrap",
+    "FunctionCall",
+    "SingleTurnAgentLoop",
+    "ToolAgentLoop",
+    "ToolListWrap",
+    "ToolParser",
+    "build_agent_loop",
+    "get_trajectory_info",
+    "register",
+]
+
+
+def __getattr__(name: str):
+    if name in ("AgentLoopManager", "AgentLoopWorker"):
+        raise AttributeError(
+            f"verl's {name} (Ray agent-loop workers) is not provided here: agent loops run inside each rollout "
+            "worker through the agent_loop rollout workflow (actor_rollout_ref.rollout.multi_turn.enable=true)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,6 +61,11 @@ NULLABLE_TYPES: dict[str, tuple[type, ...]] = {
     "critic.fsdp.mixed_precision": (dict,),
     "algorithm.gdpo_reward_keys": (list,),
     "algorithm.gdpo_reward_weights": (list,),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (int,),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": (int,),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": (str,),
+    "actor_rollout_ref.rollout.multi_turn.function_tool_path": (str,),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": (str,),
 }
 # Keys that take a second type besides their default's (verl accepts both forms). The float ones: verl's
 # dataclass types them float while the YAML default is written as an int (0 or 1).
@@ -233,8 +238,9 @@ def check_config(config: DictConfig, notify=None) -> None:
         if reason and default._is_interpolation() and probe.follows(path, default, value):
             continue  # a resolved config: the value is what verl derives from the other key
         if reason and value not in ALSO_ALLOWED.get(path, ()):
+            others = "".join(f", {v!r}" for v in ALSO_ALLOWED.get(path, ()) if v != default_value)
             raise ValueError(
-                f"{path}={value!r} is not supported: {reason}; only verl's default {default_value!r} is accepted"
+                f"{path}={value!r} is not supported: {reason}; only verl's default {default_value!r}{others} is accepted"
             )
         reason = _policy(NO_EFFECT, path)
         if reason:

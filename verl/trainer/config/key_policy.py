@@ -2,8 +2,9 @@
 
 Owns two tables read by `verl.trainer.config.checks`:
 - `REFUSED`: reason -> key patterns. Each key names a feature this project does not have (Megatron, Ulysses
-  sequence parallelism, profilers, multi-modal data, ...). verl's default value is accepted; any other value
-  stops start-up with one line naming the key, the value and the reason.
+  sequence parallelism, profilers, multi-modal data, ...) or a value of a feature it has only in part. verl's
+  default value (and the values `ALSO_ALLOWED` lists for the key) is accepted; any other value stops start-up
+  with one line naming the key, the value and the reason.
 - `NO_EFFECT`: reason -> key patterns. Settings that cannot change anything here (an optimisation verl applies
   on GPUs whose results equal ours); a non-default value is accepted with one notice line.
 Patterns are dotted config paths with `fnmatch` wildcards (`*` matches across dots). Every other key of the
@@ -104,7 +105,7 @@ REFUSED: dict[str, list[str]] = {
         "critic.optim.optimizer",
         "critic.optim.optimizer_impl",
     ],
-    "this rollout-server option (verl's vLLM/SGLang server mode, agent loops, routing) is not implemented": [
+    "this rollout-server option (verl's vLLM/SGLang server mode, custom async servers, routing) is not implemented": [
         "actor_rollout_ref.rollout.nnodes",
         "actor_rollout_ref.rollout.data_parallel_size",
         "actor_rollout_ref.rollout.expert_parallel_size",
@@ -117,7 +118,7 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.multi_stage_wake_up",
         "actor_rollout_ref.rollout.engine_kwargs.trtllm",
         "actor_rollout_ref.rollout.router_config_path",
-        "actor_rollout_ref.rollout.agent.*",
+        "actor_rollout_ref.rollout.agent.custom_async_server.*",
         "actor_rollout_ref.rollout.checkpoint_engine.backend",
         "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
         "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
@@ -131,20 +132,8 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.disaggregation.*",
         "actor_rollout_ref.rollout.full_determinism",
     ],
-    "verl's multi-turn tool config (tool_config_path YAML, agent loop) is not implemented; use "
-    "rollout.workflow=multi_turn_tool with rollout.multi_turn.tool_modules": [
-        "actor_rollout_ref.rollout.multi_turn.enable",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path",
-        "actor_rollout_ref.rollout.multi_turn.function_tool_path",
-        "actor_rollout_ref.rollout.multi_turn.max_user_turns",
-        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
+    "verl's tool agent loop truncates a tool response on one of these sides": [
         "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
-        "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
-        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",
-        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
-        "data.tool_config_path",
-        "data.function_tool_path",
     ],
     "this algorithm option is not implemented": [
         "algorithm.use_pf_ppo",
@@ -170,6 +159,8 @@ REFUSED: dict[str, list[str]] = {
         "actor_rollout_ref.rollout.trace.*",
         "actor_rollout_ref.actor.checkpoint.load_contents",
         "critic.checkpoint.load_contents",
+        "data.tool_config_path",
+        "data.function_tool_path",
     ],
     "reward-loop workers are not implemented: rewards are scored in the driver (or by data.domains reward actors)": [
         "reward.num_workers",
@@ -204,6 +195,7 @@ REFUSED: dict[str, list[str]] = {
 ALSO_ALLOWED: dict[str, tuple] = {
     "actor_rollout_ref.actor.strategy": ("fsdp", "fsdp2"),
     "critic.strategy": ("fsdp", "fsdp2"),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right"),
 }
 
 NO_EFFECT: dict[str, list[str]] = {
@@ -222,5 +214,13 @@ NO_EFFECT: dict[str, list[str]] = {
     ],
     "the HDFS copy of checkpoints is not implemented; checkpoints stay in trainer.default_local_dir": [
         "trainer.default_hdfs_dir",
+    ],
+    "verl 0.9.1's agent loops do not read it either (only its removed SGLang multi-turn rollout did)": [
+        "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
+    ],
+    "agent loops run inside each rollout worker (all of its rows at once), not in separate agent-loop workers": [
+        "actor_rollout_ref.rollout.agent.num_workers",
     ],
 }

@@ -1,5 +1,5 @@
-"""Metrics of one PPO step under verl's names: data metrics (scores, rewards, advantages, lengths),
-timing (`timing_s/*`), throughput (`perf/*`), and validation aggregation per data source.
+"""Metrics of one PPO step under verl's names: data metrics (scores, rewards, advantages, lengths; turns and tool
+rewards of agent-loop rows), timing (`timing_s/*`), throughput (`perf/*`), and validation aggregation per data source.
 
 Layer 8 helper: reads a DataProto's tensors, holds no algorithm maths.
 """
@@ -74,6 +74,27 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     metrics["response_length/clip_ratio"] = (response_length == max_response).float().mean().item()
     metrics.update(_stats("prompt_length", prompt_length))
     metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt).float().mean().item()
+    metrics.update(compute_agent_loop_metrics(batch))
+    return metrics
+
+
+def compute_agent_loop_metrics(batch: DataProto) -> dict[str, float]:
+    """Of rows made by verl's agent loops (the agent_loop workflow): verl's `num_turns/{min,max,mean}`;
+    `agent_loop/tool_reward/{mean,max,min}` (per sample, the sum of the rewards its tool calls returned) and
+    `agent_loop/num_tool_calls/mean` (calls that returned a reward, per sample); verl's seconds per sample
+    `agent_loop/{generate_sequences,tool_calls}/{mean,max,min}`. Empty for other rows."""
+    fields = batch.non_tensor_batch
+    metrics: dict[str, float] = {}
+    if "__num_turns__" in fields:
+        metrics.update(_stats("num_turns", torch.tensor([float(t) for t in fields["__num_turns__"]])))
+    if "tool_rewards" in fields:
+        rewards = [list(r) if r is not None else [] for r in fields["tool_rewards"]]
+        metrics.update(_stats("agent_loop/tool_reward", torch.tensor([float(sum(r)) for r in rewards])))
+        metrics["agent_loop/num_tool_calls/mean"] = float(np.mean([len(r) for r in rewards])) if rewards else 0.0
+    if "agent_loop_metrics" in fields:
+        for key in ("generate_sequences", "tool_calls"):
+            seconds = [float((m or {}).get(key, 0.0)) for m in fields["agent_loop_metrics"]]
+            metrics.update(_stats(f"agent_loop/{key}", torch.tensor(seconds)))
     return metrics
 
 

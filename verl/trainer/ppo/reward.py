@@ -2,7 +2,8 @@
 `compute_reward` (one batch -> token-level scores + per-sample extra info).
 
 Owns `CustomRewardFunction`, `get_custom_reward_fn(config)`, `load_reward_manager(config, tokenizer,
-num_examine, **reward_kwargs)` and `compute_reward(data, reward_fn)`. Config keys (verl's):
+num_examine, **reward_kwargs)`, `compute_reward(data, reward_fn)` and `agent_loop_scores(data)` (the scores
+verl's agent loops computed themselves). Config keys (verl's):
 `reward.custom_reward_function.path` / `.name` / `.reward_kwargs`, `reward.reward_manager.name` (default
 "naive"), `reward.on_error` ("raise" | "zero"), `reward.timeout_s` (seconds per score call),
 `reward.reward_kwargs` (manager keyword
@@ -31,6 +32,7 @@ from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = [
     "CustomRewardFunction",
+    "agent_loop_scores",
     "compute_reward",
     "get_custom_reward_fn",
     "load_reward_manager",
@@ -193,8 +195,26 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
 
 
 def compute_reward(data: DataProto, reward_fn: Callable) -> tuple[torch.Tensor, dict[str, list]]:
-    """`reward_fn(data, return_dict=True)` -> (token-level scores (bs, response_length), extra info lists)."""
+    """`reward_fn(data, return_dict=True)` -> (token-level scores (bs, response_length), extra info lists); when
+    every row carries the score its agent loop computed (`reward_score`, verl's `rm_scores`), those scores instead."""
+    scores = agent_loop_scores(data)
+    if scores is not None:
+        return scores, {}
     result = reward_fn(data, return_dict=True)
     if isinstance(result, torch.Tensor):  # a plain callable that ignores return_dict
         return result, {}
     return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
+
+
+def agent_loop_scores(data: DataProto) -> torch.Tensor | None:
+    """The non-tensor `reward_score` of every row (the agent_loop workflow's) at the row's last trained response
+    token, or None when a row has none (verl uses its agent loops' scores only when all samples have one)."""
+    column = data.non_tensor_batch.get("reward_score")
+    if column is None or len(column) == 0 or any(score is None for score in column):
+        return None
+    mask = data.batch["response_mask"]
+    scores = torch.zeros(mask.shape, dtype=torch.float32)
+    for row, score in enumerate(column):
+        trained = mask[row].nonzero()
+        scores[row, int(trained[-1]) if trained.numel() else 0] = float(score)
+    return scores

@@ -177,7 +177,9 @@ class RewardManagerBase:
 
     A batch holding a reward model's `rm_scores` (bs, response_length): without a custom score function those
     scores are the reward (verl); with one, the function decides and finds the row's reward-model score
-    (`rm_scores` summed over the response) in `extra_info["rm_score"]`.
+    (`rm_scores` summed over the response) in `extra_info["rm_score"]`. A row of verl's agent loops
+    (`tool_extra_fields`, `__num_turns__`) gets the loop's extra fields (`tool_rewards`, ...) and `num_turns` merged
+    into its `extra_info`, as verl's reward loop passes them.
     """
 
     default_scorer = staticmethod(default_compute_score)  # the batch manager's takes lists
@@ -229,6 +231,9 @@ class RewardManagerBase:
             extra_info = non_tensors["extra_info"][row] if "extra_info" in non_tensors else None
             if rm_scores is not None:  # a reward model scored the row: the custom function gets its score
                 extra_info = {**(extra_info or {}), "rm_score": rm_scores[row]}
+            if "tool_extra_fields" in non_tensors:  # an agent loop's row: its extra fields, as verl's reward loop
+                turns = non_tensors["__num_turns__"][row] if "__num_turns__" in non_tensors else None
+                extra_info = {**(extra_info or {}), **(non_tensors["tool_extra_fields"][row] or {}), "num_turns": turns}
             samples.append(
                 RewardSample(
                     row=row,

@@ -2,7 +2,9 @@
 
 Built in: `rlvr` (single turn, the trainer's default), `remax` (a sampled and a greedy completion, reward
 difference), `multi_turn_tool` (tool calls and `<obs>` turns), `environment` (a verifiers-style
-`verl.envs.Environment` through the OpenAI-compatible client). A user workflow is registered with
+`verl.envs.Environment` through the OpenAI-compatible client), `agent_loop` (verl 0.9.1's agent loops,
+`verl.experimental.agent_loop`; the trainer picks it for `rollout.multi_turn.enable=true` or rows with an
+`agent_name`). A user workflow is registered with
 `@register_workflow("name")` or named by a dotted path (`pkg.module:Class` or `pkg.module.Class`).
 Built-ins are imported lazily. Layer 5: must not import Ray.
 """
@@ -35,6 +37,7 @@ WORKFLOW_REGISTRY = LazyRegistry(
         "remax": "verl.workers.rollout.workflows.remax:ReMaxWorkflow",
         "multi_turn_tool": "verl.workers.rollout.workflows.multi_turn_tool:MultiTurnToolWorkflow",
         "environment": "verl.workers.rollout.workflows.environment:EnvironmentWorkflow",
+        "agent_loop": "verl.workers.rollout.workflows.agent_loop:AgentLoopWorkflow",
     },
 )
 
