@@ -167,8 +167,6 @@ def _pick_agent_loop_workflow(config: DictConfig) -> None:
     without any of these the default `rlvr` gives the single-turn loop's rows). As in verl 0.9.1 the rows then
     carry the chat (`data.return_raw_chat` becomes true), and the workflow gets the `data` section (chat-template
     arguments) as `workflow_kwargs.data_config`."""
-    import pyarrow.parquet as pq
-
     rollout = config.actor_rollout_ref.rollout
     agent = rollout.get("agent") or {}
     reasons = []
@@ -179,7 +177,7 @@ def _pick_agent_loop_workflow(config: DictConfig) -> None:
     if agent.get("agent_loop_config_path"):
         reasons.append("actor_rollout_ref.rollout.agent.agent_loop_config_path")
     files = _as_list(config.data.get("train_files")) + _as_list(config.data.get("val_files"))
-    if any("agent_name" in pq.read_schema(f).names for f in files if os.path.isfile(f)):
+    if any("agent_name" in _parquet_columns(f) for f in files):
         reasons.append("the data's agent_name column")
     workflow = rollout.get("workflow")
     if not reasons and workflow != "agent_loop":
@@ -198,6 +196,17 @@ def _pick_agent_loop_workflow(config: DictConfig) -> None:
     if workflow != "agent_loop":
         print(f"notice: actor_rollout_ref.rollout.workflow=agent_loop (verl's agent loops) for {', '.join(reasons)}",
               file=sys.stderr)  # fmt: skip
+
+
+def _parquet_columns(path: str) -> list[str]:
+    """The column names of a parquet file; none for a path that is not a readable parquet file (the dataset
+    loader reports that one, naming the file)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path).names if os.path.isfile(path) else []
+    except Exception:  # corrupt or not parquet: RLHFDataset's own error names the file
+        return []
 
 
 def _check_rollout_workflow(name: str | None) -> None:
