@@ -122,7 +122,8 @@ def test_registered_calls_run_with_the_policys_count_and_the_env_switch(monkeypa
     torch.set_num_threads(2)
     cpu_share._POLICY = policy = machine.policy(share=2)
     policy.threads = 1
-    assert worker.threads() == 2  # a process that entered no CPU speed-ups (a GPU worker): the policy is not applied
+    monkeypatch.setattr(acceleration, "_current", acceleration.GENERIC)  # what a GPU worker enters
+    assert worker.threads() == 2  # a process without the CPU speed-ups: the policy is not applied
     monkeypatch.setattr(acceleration, "_current", acceleration.for_device("cpu"))  # what a CPU worker enters
     assert worker.threads() == 1  # the wrapper set it before the method ran
     assert asyncio.run(worker.athreads()) == 1  # async methods are left as they are (no pick, no measure)
