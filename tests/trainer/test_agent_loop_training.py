@@ -22,6 +22,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.ppo_e2e import grpo_args, run_ppo, step_metrics
+from tests.workers.rollout.test_agent_loop_workflow import expected_mask
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -53,25 +54,6 @@ REWARD_MANAGER_REGISTRY.setdefault("mask_recorder", MaskRecorder)
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return default_compute_score(data_source, solution_str, ground_truth, extra_info)
 '''
-
-
-def expected_mask(tokenizer, ids: list[int]) -> list[int]:
-    """1 on the model's tokens, 0 from after each model turn's <|im_end|> through the next assistant header."""
-    header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    mask, i, model_turn = [], 0, True
-    while i < len(ids):
-        if model_turn:
-            mask.append(1)
-            model_turn = ids[i] != im_end
-            i += 1
-        elif ids[i : i + len(header)] == header:
-            mask += [0] * len(header)
-            i, model_turn = i + len(header), True
-        else:
-            mask.append(0)
-            i += 1
-    return mask
 
 
 def _run(args: list[str]) -> None:
