@@ -239,7 +239,7 @@ def test_reinforce_plus_plus_discounted_returns_skip_masked_tokens():
         for t in reversed(range(len(r_row))):
             if m_row[t] > 0:
                 running = r_row[t] + gamma * running
-            row[t] = running
+                row[t] = running  # masked tokens keep return 0
         want_ret.append(row)
     torch.testing.assert_close(ret, torch.tensor(want_ret))
     torch.testing.assert_close(adv, torch.tensor(whiten_by_hand(want_ret, MASK)) * MASK)

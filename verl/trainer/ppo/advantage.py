@@ -203,8 +203,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262).
 
-    Discounted return-to-go G_t = r_t + gamma * G_{t+1} with gamma = config["gamma"] (1.0 when absent); masked
-    tokens are skipped (G carried through unchanged). advantages = masked_whiten(G, mask) * mask; returns = G.
+    Discounted return-to-go G_t = r_t + gamma * G_{t+1} over the unmasked tokens, gamma = config["gamma"] (1.0 when
+    absent): masked tokens (multi-turn observations, padding) are skipped, G carried past them unchanged, and get
+    return 0. advantages = masked_whiten(G, mask) * mask; returns = G * mask.
     Shapes: (bs, response_length).
     """
     gamma = cfg_get(config, "gamma", 1.0)
@@ -214,7 +215,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         for t in reversed(range(token_level_rewards.shape[1])):
             mask_t = response_mask[:, t]
             running = (token_level_rewards[:, t] + gamma * running) * mask_t + (1 - mask_t) * running
-            returns[:, t] = running
+            returns[:, t] = running * mask_t
         advantages = verl_F.masked_whiten(returns, response_mask) * response_mask
     return advantages, returns
 
