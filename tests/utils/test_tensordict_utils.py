@@ -1,5 +1,7 @@
-"""Tests of verl/utils/tensordict_utils.py: non-tensor values, jagged nested tensors, (de)serialisation."""
+"""Tests of verl/utils/tensordict_utils.py: non-tensor values, jagged nested tensors, (de)serialisation, and the
+tensordict 0.10 rules it keeps (concatenation keeps the first batch-wide value; consolidate wants contiguous tensors)."""
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -36,3 +38,22 @@ def test_pad_unpad_and_serialisation_round_trip():
     tu.assert_tensordict_eq(mixed, back)
     batches = list(tu.make_iterator(td[:2], mini_batch_size=1, epochs=2))
     assert [b["x"].tolist() for b in batches] == [[0], [1], [0], [1]]
+
+
+def test_concat_keeps_the_first_batch_wide_value_and_stacks_rows():
+    first = tu.get_tensordict({"obs": torch.arange(2), "labels": ["a", "b"]}, {"temp": 1.0})
+    second = tu.get_tensordict({"obs": torch.arange(2, 5), "labels": ["c", "d", "e"]}, {"temp": 2.0})
+    for merged in (tu.concat_tensordict([first, second]), torch.cat([first, second], dim=0)):
+        assert merged.batch_size == torch.Size([5]) and merged["obs"].tolist() == [0, 1, 2, 3, 4]
+        assert tu.get(merged, "temp") == 1.0 and tu.get(merged, "labels") == ["a", "b", "c", "d", "e"]
+    assert tu.get(second, "temp") == 2.0  # the parts are left as they were
+
+
+def test_consolidate_refuses_a_non_contiguous_tensor_until_made_contiguous():
+    base = torch.arange(12.0).view(3, 4)
+    td = tu.get_tensordict({"strided": base[:, :3], "ok": base.clone()}, {"name": "x"})
+    with pytest.raises(RuntimeError, match="'strided' is not contiguous"):
+        td.consolidate()
+    fixed = tu.contiguous(td)
+    consolidated = fixed.consolidate()
+    assert consolidated["strided"].tolist() == base[:, :3].tolist() and tu.get(consolidated, "name") == "x"

@@ -5,6 +5,11 @@ Owns the TensorDict side of batches: non-tensor values stored as `NonTensorData`
 concat / chunk / index, the dict-like get/pop/select with unwrapping, and the raw-bytes (de)serialisation of
 tensors and TensorDicts (`serialize_tensordict`, used by DataProto's numpy pickling). `DataProto` (verl.protocol) uses
 these for `to_tensordict` / `from_tensordict` and the dispatch of TensorDict arguments.
+verl 0.9.1 runs on tensordict <= 0.10, and two of that version's rules are part of verl's contract, so this module
+restores them on newer tensordict when it is imported (`_keep_tensordict_010_rules`): concatenating TensorDicts
+keeps the first part's batch-wide value (a NonTensorData) where newer tensordict makes a per-row stack of the
+parts' values, and `consolidate()` refuses a TensorDict holding a non-contiguous tensor (RuntimeError; make it
+`contiguous` first) where newer tensordict copies it silently.
 Layer 1 (docs/architecture.md#layers): torch, numpy and tensordict only.
 """
 
@@ -49,6 +54,37 @@ __all__ = [
     "unpad",
     "unwrap_non_tensor_data",
 ]
+
+
+# ------------------------------------------------------------------------------------ tensordict 0.10 rules
+def _keep_tensordict_010_rules() -> None:
+    """Patch NonTensorData's concatenation and TensorDict.consolidate back to tensordict 0.10 (module docstring)."""
+    if getattr(TensorDict.consolidate, "_verl_contiguous_only", False):
+        return
+    cat_values = NonTensorData._cat_non_tensor.__func__
+
+    def cat_keeping_first(cls, tensors, dim=0, out=None):
+        tensors = list(tensors)
+        if all(isinstance(t, NonTensorData) for t in tensors):  # batch-wide values: every part gets the first one
+            first = tensors[0].data
+            tensors = [NonTensorData(first, batch_size=t.batch_size, device=t.device) for t in tensors]
+        return cat_values(cls, tensors, dim=dim, out=out)
+
+    consolidate = TensorDict.consolidate
+
+    def consolidate_contiguous_only(self, *args, **kwargs):
+        if not self.is_consolidated():
+            for key, value in self.items(include_nested=True, leaves_only=True):
+                if isinstance(value, torch.Tensor) and not value.is_nested and not value.is_contiguous():
+                    raise RuntimeError(f"consolidate: tensor {key!r} is not contiguous; use tu.contiguous(td) first")
+        return consolidate(self, *args, **kwargs)
+
+    consolidate_contiguous_only._verl_contiguous_only = True
+    NonTensorData._cat_non_tensor = classmethod(cat_keeping_first)
+    TensorDict.consolidate = consolidate_contiguous_only
+
+
+_keep_tensordict_010_rules()
 
 
 # ------------------------------------------------------------------------------------------ non-tensor values
