@@ -1,11 +1,12 @@
 """The FSDP2 training engine (verl 0.9.1's `FSDPEngine`, `FSDPEngineWithLMHead`, `FSDPEngineWithValueHead`).
 
-`FSDPEngine(model_config, engine_config, optimizer_config, checkpoint_config)` + `initialize()` builds one rank's
-model from `model_config.path` (LoRA adapters with `lora_rank` > 0), shards it with FSDP2 by `engine_config` (verl's
-`fsdp_config` keys: `model_dtype` master weights, `mixed_precision`/`dtype` compute, `reshard_after_forward`,
-`fsdp_size`, `wrap_policy`, `param_offload`/`optimizer_offload`, `forward_prefetch`), and makes AdamW and its LR
-schedule from `optimizer_config` (verl's `optim` keys, `clip_grad`). `FSDPEngine.from_module(...)` adopts a model
-and optimizer built elsewhere instead (what `DataParallelPPOActor(config, module, optimizer)` does).
+`FSDPEngine(model_config, engine_config, optimizer_config, checkpoint_config)` (or one `config` holding them, verl's
+or AReaL's shape: `engine_config.py`) + `initialize()` builds one rank's model from `model_config.path` (LoRA
+adapters with `lora_rank` > 0), shards it with FSDP2 by `engine_config` (verl's `fsdp_config` keys: `model_dtype`
+master weights, `mixed_precision`/`dtype` compute, `reshard_after_forward`, `fsdp_size`, `wrap_policy`,
+`param_offload`/`optimizer_offload`, `forward_prefetch`), and makes AdamW and its LR schedule from `optimizer_config`
+(verl's `optim` keys, `clip_grad`). `FSDPEngine.from_module(...)` adopts a model and optimizer built elsewhere
+instead (what `DataParallelPPOActor(config, module, optimizer)` does).
 
 Two ways to train on it, one engine:
 - verl's: `train_batch(data, loss_function)` / `infer_batch(data)` with settings as non-tensor entries of `data`
@@ -45,6 +46,7 @@ from verl.utils.device import get_device_name
 from verl.utils.py_functional import append_to_dict
 from verl.workers import weight_sync
 from verl.workers.engine.base import BaseEngine, EngineRegistry
+from verl.workers.engine.engine_config import engine_sections
 from verl.workers.engine.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
 from verl.workers.engine.model_forward import HeadSpec, response_outputs, scatter_to_responses
 from verl.workers.engine.packed import eval_batch as packed_eval_batch
@@ -143,6 +145,7 @@ class FSDPEngine(BaseEngine):
     engine_config: verl's `fsdp_config`. optimizer_config: verl's `optim` (`lr`, `betas`, `weight_decay`, warmup and
         schedule keys, `total_training_steps`) plus `clip_grad` (default 1.0). checkpoint_config: verl's
         `checkpoint` (unused by the engine itself). Each may be a dict or a DictConfig.
+    config: all four in one object instead (`engine_config.engine_sections`; also taken positionally).
     device: auto | cpu | cuda. tokenizer: saved beside HF exports. where: the config path named in errors.
     micro_batch_size_per_gpu / max_token_len_per_gpu: defaults when a batch does not carry its own.
     forward_only: build no optimizer (a frozen reference).
@@ -152,11 +155,12 @@ class FSDPEngine(BaseEngine):
 
     def __init__(
         self,
-        model_config: Any,
+        model_config: Any = None,
         engine_config: Any = None,
         optimizer_config: Any = None,
         checkpoint_config: Any = None,
         *,
+        config: Any = None,
         device: str = "auto",
         tokenizer: Any = None,
         where: str = "fsdp_config",
@@ -164,6 +168,8 @@ class FSDPEngine(BaseEngine):
         max_token_len_per_gpu: int | None = None,
         forward_only: bool = False,
     ):
+        sections = engine_sections(config, model_config, engine_config, optimizer_config, checkpoint_config)
+        model_config, engine_config, optimizer_config, checkpoint_config = sections
         self.model_config = _section(model_config)
         self.engine_config = _section(engine_config)
         self.optimizer_config = _section(optimizer_config)
@@ -259,6 +265,11 @@ class FSDPEngine(BaseEngine):
         self.checkpoint_manager = FSDPCheckpointManager(self.module, self.optimizer, self.lr_scheduler, self.tokenizer)
 
     # ------------------------------------------------------------------ modes and optimizer
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are (the `device` asked for before `initialize`)."""
+        return module_device(self.module) if self.module is not None else torch.device(self.device_name)
+
     @property
     def is_param_offload_enabled(self) -> bool:
         return bool(self.engine_config.get("param_offload", False))
