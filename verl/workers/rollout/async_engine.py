@@ -18,8 +18,9 @@ For a hand-written loop (AReaL-lite's `InferenceEngine` API; `InferenceEngine` i
 `rollout_batch(rows, workflow)` runs `workflow.arun_episode(engine, row)` on every dict row concurrently and stacks
 the returned TensorDicts, right-padded (`verl.utils.packing.concat_padded_tensors`); `set_version` / `get_version`
 set the policy version stamped on generated tokens; `update_weights(meta)` takes new weights
-(`verl.workers.engine.io_struct.WeightUpdateMeta`) and returns a future. `build_inference_engine` (in
-`inference_engine.py`) makes one from a model folder.
+(`verl.workers.engine.io_struct.WeightUpdateMeta`) and returns a future; `initialize(None, ft_spec)` is AReaL's
+start-up call (the engine is in-process and ready once built; a server address is refused); `device` is where its
+model is. `build_inference_engine` (in `inference_engine.py`) makes one from a model folder.
 
 Seeds: with `meta_info["seed"]` (what the trainer passes) the first generate call uses exactly that seed and
 later ones a seed derived from it and the call index; without one the engine's own counter is used.
@@ -39,8 +40,9 @@ import concurrent.futures
 import dataclasses
 import os
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Literal
 
 import torch
@@ -61,6 +63,7 @@ __all__ = [
     "get_async_engine",
     "policy_version",
     "run_sync",
+    "token_ids",
 ]
 
 # Seed stride between the generate calls of one AsyncRolloutEngine (a large prime keeps them apart from the
@@ -117,12 +120,33 @@ class GenerationHyperparameters:
 
 @dataclass
 class ModelRequest:
-    """One generation request: prompt token ids (no padding) and the sampling knobs."""
+    """One generation request: prompt token ids (no padding) and the sampling knobs. `input_ids` becomes a list of
+    ints at construction (`token_ids`), so a request made from a tensor or a BatchEncoding fails here if at all."""
 
     input_ids: list[int]
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.input_ids = token_ids(self.input_ids)
+
+
+def token_ids(value: Any) -> list[int]:
+    """Prompt token ids as a list of ints, from a list or tuple of ints, a 1-D (or one-row) tensor or array, or a
+    BatchEncoding / dict with `input_ids` (what `tokenizer.apply_chat_template(..., tokenize=True)` returns)."""
+    ids = value["input_ids"] if isinstance(value, Mapping) and "input_ids" in value else value
+    if hasattr(ids, "tolist") and not isinstance(ids, list | tuple):  # a tensor or numpy array
+        ids = ids.tolist()
+    if isinstance(ids, list | tuple) and len(ids) == 1 and isinstance(ids[0], list | tuple):
+        ids = ids[0]  # the one row of a batch
+    if isinstance(ids, list | tuple) and all(isinstance(t, Integral) and not isinstance(t, bool) for t in ids):
+        return [int(t) for t in ids]
+    shown = f"{type(value).__name__} {value!r}"[:120]
+    raise TypeError(
+        "ModelRequest.input_ids takes token ids: a list/tuple of ints, a 1-D or one-row tensor, or a BatchEncoding/"
+        f"dict with input_ids (apply_chat_template(..., tokenize=True)); got {shown}"
+    )
 
 
 @dataclass
@@ -279,6 +303,22 @@ class AsyncRolloutEngine:
                 fut.set_result(resp)
 
     # ------------------------------------------------------------------ a hand-written loop's API
+    def initialize(self, addr: str | None = None, ft_spec: Any = None) -> None:
+        """AReaL-lite's start-up call. The engine generates in this process and is ready once built, so `addr` must
+        be None; `ft_spec` (a `FinetuneSpec`) is taken for the signature and not needed."""
+        if addr is not None:
+            raise ValueError(
+                f"InferenceEngine.initialize(addr={addr!r}): this engine generates in this process (addr=None); it "
+                "cannot attach to a server. Serve a model with `python -m verl.rollout_server` and talk to it with "
+                "an OpenAI client instead"
+            )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the engine's model is (cpu for an engine without a torch module in this process)."""
+        module = getattr(self.rollout, "module", None)
+        return next(module.parameters()).device if isinstance(module, torch.nn.Module) else torch.device("cpu")
+
     def set_version(self, version: int) -> None:
         """Tokens generated from now on carry `version` (`ModelResponse.output_versions`)."""
         self.meta_info.pop("policy_version", None)

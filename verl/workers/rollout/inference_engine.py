@@ -3,7 +3,7 @@
 Builds the `hf` rollout engine on its own copy of the model (frozen, in `config["dtype"]`, LoRA adapters when
 `lora` gives a rank, so that a LoRA training engine's adapter stream fits it) and wraps it in an
 `AsyncRolloutEngine` (AReaL-lite's `InferenceEngine` API: `agenerate`, `rollout_batch(rows, workflow)`,
-`update_weights`, `set_version`). Every rank of a data-parallel loop builds its own; the training engine refreshes
+`update_weights`, `set_version`; ready once built, so `initialize(None, ft_spec)` has nothing to start). Every rank of a data-parallel loop builds its own; the training engine refreshes
 it with `upload_weights(WeightUpdateMeta.from_colocated(engine))` after each step.
 
 `config` holds `actor_rollout_ref.rollout` keys (verl's names); unset ones take the defaults below, which are
