@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from transformers import AutoTokenizer
 
+from verl.utils import stats_tracker
 from verl.utils.fsdp_utils import destroy_distributed
 from verl.utils.reward_score import default_compute_score
 from verl.utils.torch_functional import logprobs_from_logits as gather_logprobs
@@ -36,12 +37,11 @@ class ReMaxRLVRWorkflow(RolloutWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data):
         input_ids = self.tokenizer.apply_chat_template(data["messages"], tokenize=True, add_generation_prompt=True)
-        input_ids = list(input_ids["input_ids"] if hasattr(input_ids, "keys") else input_ids)
-        rid = uuid.uuid4().hex
+        rid = uuid.uuid4().hex  # ModelRequest takes the ids as they come (a list or a BatchEncoding)
         sample_req = ModelRequest(rid=rid, input_ids=input_ids, gconfig=self.gconfig)
         greedy_req = ModelRequest(rid=rid, input_ids=input_ids, gconfig=self.gconfig.new(greedy=True))
         resp, greedy_resp = await asyncio.gather(engine.agenerate(sample_req), engine.agenerate(greedy_req))
-        prompt_str = self.tokenizer.decode(input_ids)
+        prompt_str = self.tokenizer.decode(resp.input_tokens)
         sample_reward = self.reward_fn(prompt_str, self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True),
                                        resp.input_tokens, resp.output_tokens, **data)  # fmt: skip
         greedy_reward = self.reward_fn(prompt_str, self.tokenizer.decode(greedy_resp.output_tokens, skip_special_tokens=True),
@@ -84,8 +84,8 @@ class ReinforceActor:
 
 
 class FSDPReinforceActor(FSDPEngine):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, config, **kwargs):
+        super().__init__(config=config, **kwargs)
         self.actor = ReinforceActor(self)
 
     def train_reinforce(self, *args, **kwargs):
@@ -102,10 +102,9 @@ def evaluate(engine, rows, tokenizer, score_fn, greedy: bool) -> float:
 
     async def score(row):
         ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         resp = await engine.agenerate(ModelRequest(input_ids=ids, gconfig=engine.default_gconfig().new(greedy=greedy)))
         text = tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
-        return score_fn(None, text, ids, resp.output_tokens, **row)
+        return score_fn(None, text, resp.input_tokens, resp.output_tokens, **row)
 
     async def run_all():
         return await asyncio.gather(*(score(row) for row in rows))
@@ -121,12 +120,13 @@ def main(args):
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     train_rows, test_rows = load_rows(args.train_file), load_rows(args.test_file)[: args.eval_rows]
     ft_spec = FinetuneSpec(total_train_epochs=1, dataset_size=len(train_rows), train_batch_size=args.batch_size)
-    actor = FSDPReinforceActor(model_config={"path": args.model_path}, engine_config={},
-                               optimizer_config={"lr": args.lr, "total_training_steps": args.steps}, tokenizer=tokenizer)  # fmt: skip
+    config = {"path": args.model_path, "optimizer": {"lr": args.lr}}  # AReaL's TrainEngineConfig keys (or verl's)
+    actor = FSDPReinforceActor(config, tokenizer=tokenizer)
     actor.initialize(None, ft_spec)  # joins torch.distributed (torchrun's env, or one process)
     rank, world = dist.get_rank(), dist.get_world_size()
     rollout = build_inference_engine(args.model_path, {"response_length": args.max_new_tokens}, tokenizer=tokenizer,
                                      seed=args.seed + rank)  # fmt: skip
+    rollout.initialize(None, ft_spec)  # in-process: nothing to start
     weight_update_meta = WeightUpdateMeta.from_colocated(rollout)
     gconfig = GenerationHyperparameters(max_new_tokens=args.max_new_tokens)
     score_fn = load_callable(args.reward_fn) if args.reward_fn else reward_fn
@@ -144,13 +144,19 @@ def main(args):
     for global_step in range(args.steps):
         start = (global_step * args.batch_size) % len(train_rows)
         data = train_rows[start : start + args.batch_size][rank::world]  # this rank's share of the prompts
-        batch = rollout.rollout_batch(data, workflow=workflow)
-        stats = actor.train_reinforce(batch)
-        actor.step_lr_scheduler()
-        actor.upload_weights(weight_update_meta)  # stream the new weights into the colocated engine
-        rollout.update_weights(weight_update_meta).result()
-        actor.set_version(global_step + 1)
-        rollout.set_version(global_step + 1)
+        with stats_tracker.record_timing("rollout"):
+            batch = rollout.rollout_batch(data, workflow=workflow).to(actor.device)
+        with stats_tracker.record_timing("train_step"), stats_tracker.scope("actor"):
+            stats_tracker.scalar(**actor.train_reinforce(batch))
+            actor.step_lr_scheduler()
+            stats_tracker.denominator(n_tokens=batch["loss_mask"].bool())
+            stats_tracker.stat(advantage=batch["rewards"].float(), denominator="n_tokens")
+        with stats_tracker.record_timing("update_weights"):
+            actor.upload_weights(weight_update_meta)  # stream the new weights into the colocated engine
+            rollout.update_weights(weight_update_meta).result()
+            actor.set_version(global_step + 1)
+            rollout.set_version(global_step + 1)
+        stats = stats_tracker.export(reduce_group=dist.group.WORLD)  # over all ranks; cleared for the next step
         stats.update(step=global_step + 1, versions=sorted(set(batch["versions"][batch["loss_mask"].bool()].tolist())))
         history.append(stats)
         if rank == 0:

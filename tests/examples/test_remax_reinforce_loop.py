@@ -1,7 +1,7 @@
 """examples/remax_reinforce_loop: the hand-written ReMax + REINFORCE loop runs 3 steps in 1 process and on 2
 processes (torchrun, gloo), with a reward that has spread on a random model; every step trains on tokens made by
-the policy version of the step before (weights streamed into the colocated engine), and the rewards before and
-after are reported."""
+the policy version of the step before (weights streamed into the colocated engine), its statistics come from
+`stats_tracker` (over all ranks), and the rewards before and after are reported."""
 
 import json
 import os
@@ -56,8 +56,11 @@ def check_steps(result: dict) -> None:
     assert [s["step"] for s in result["steps"]] == [1, 2, 3]
     # the rollout of step k ran on the weights after k - 1 updates, streamed into the engine
     assert [s["versions"] for s in result["steps"]] == [[0], [1], [2]]
-    for stats in result["steps"]:
-        assert stats["update_successful"] == 1.0 and stats["grad_norm"] > 0 and stats["lr"] > 0
+    for stats in result["steps"]:  # stats_tracker's export: the engine's stats under "actor/", timings, the token stat
+        assert stats["actor/update_successful"] == 1.0 and stats["actor/grad_norm"] > 0 and stats["actor/lr"] > 0
+        assert all(stats[f"timeperf/{name}"] > 0 for name in ("rollout", "train_step", "update_weights"))
+        assert stats["actor/n_tokens"] >= 1
+        assert stats["actor/advantage/min"] <= stats["actor/advantage/avg"] <= stats["actor/advantage/max"]
     assert set(result["before"]) == set(result["after"]) == {"greedy", "sampled"}
 
 
