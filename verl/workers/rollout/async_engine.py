@@ -49,6 +49,7 @@ import torch
 from tensordict import TensorDict
 
 from verl.protocol import DataProto
+from verl.utils.device import get_device_name
 from verl.utils.packing import concat_padded_tensors
 from verl.utils.torch_functional import compute_position_id_with_mask
 from verl.workers.rollout.sampling import resolve_sampling, resolve_token_ids
@@ -315,9 +316,11 @@ class AsyncRolloutEngine:
 
     @property
     def device(self) -> torch.device:
-        """Where the engine's model is (cpu for an engine without a torch module in this process)."""
+        """Where the engine's model is (for an engine without a torch module here, vLLM's: this process's device)."""
         module = getattr(self.rollout, "module", None)
-        return next(module.parameters()).device if isinstance(module, torch.nn.Module) else torch.device("cpu")
+        if isinstance(module, torch.nn.Module):
+            return next(module.parameters()).device
+        return torch.device(get_device_name())
 
     def set_version(self, version: int) -> None:
         """Tokens generated from now on carry `version` (`ModelResponse.output_versions`)."""
