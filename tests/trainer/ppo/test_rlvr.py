@@ -12,9 +12,10 @@ from omegaconf import OmegaConf
 from tests.cpu_overrides import cpu_config
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.metric_utils import compute_domain_metrics, compute_val_correct_metrics
+from verl.trainer.ppo.metric_utils import compute_domain_metrics
 from verl.trainer.ppo.reward_processing import EPS
 from verl.trainer.ppo.rlvr import ALL, build_rlvr_step
+from verl.trainer.ppo.validation_metrics import compute_val_correct_metrics
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "verl", "trainer", "config", "ppo_trainer.yaml")
 PROMPT, RESPONSE = 2, 4

@@ -31,9 +31,11 @@ from verl.trainer.ppo import checkpoint as ckpt
 from verl.trainer.ppo import rollout_corr_helper as corr_helper
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.metric_utils import (
+    SPEC_DECODE_KEYS,
     compute_data_metrics,
     compute_domain_metrics,
     compute_gdpo_metrics,
+    compute_spec_decode_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
     marked_timer,
@@ -473,6 +475,7 @@ class RayPPOTrainer:
         if self.async_rollout is not None:  # waits for the background generation, then sends the new weights
             self.async_rollout.end_step(self.global_steps, timing)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_spec_decode_metrics(*(batch.non_tensor_batch.get(k) for k in SPEC_DECODE_KEYS)))
         if cfg.algorithm.adv_estimator == "gdpo":  # each reward component GDPO normalised on its own
             metrics.update(compute_gdpo_metrics(batch, cfg.algorithm.get("gdpo_reward_keys") or []))
         if self.rlvr is not None:  # verifier scores as critic/score/*, every data metric per domain
