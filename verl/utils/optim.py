@@ -5,7 +5,8 @@ Owns `build_optimizer` (AdamW over the trainable parameters: `lr`, `weight_decay
 then constant or cosine). Which AdamW kernel runs is torch's choice (a loop over tensors on CPU, `foreach` on
 CUDA) except that parameters all on the CPU get the fused kernel: the same arithmetic in one pass per tensor
 instead of a dozen (figures: benchmarks/README.md); `override_optimizer_config` may set `fused` or
-`foreach` itself. Layer 1: imports torch only.
+`foreach` itself. The section is read as verl's typed `FSDPOptimizerConfig` (a mapping is converted; keys it leaves
+out take verl's defaults). Layer 1: imports torch and the config dataclasses.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["LR_SCHEDULE_STYLES", "build_lr_scheduler", "build_optimizer"]
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config.optimizer import LR_SCHEDULES as LR_SCHEDULE_STYLES
+from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 
-LR_SCHEDULE_STYLES = ("constant", "cosine")
+__all__ = ["LR_SCHEDULE_STYLES", "build_lr_scheduler", "build_optimizer", "typed_optim_config"]
+
 # the AdamW constructor arguments `override_optimizer_config` may set (all but the parameters)
 ADAMW_ARGUMENTS = tuple(name for name in inspect.signature(torch.optim.AdamW).parameters if name != "params")
 
@@ -35,20 +39,23 @@ def build_optimizer(model_or_params: nn.Module | Iterable[torch.nn.Parameter], o
         params = [p for p in model_or_params if p.requires_grad]
     if not params:
         raise ValueError("build_optimizer got no trainable parameters (all have requires_grad=False)")
-    betas = tuple(float(b) for b in optim_cfg.get("betas", (0.9, 0.999)))
+    optim_cfg = typed_optim_config(optim_cfg)
+    betas = tuple(float(b) for b in optim_cfg.betas)
     if len(betas) != 2:
         raise ValueError(f"optim.betas must hold two numbers, got {list(betas)}")
-    kwargs = {
-        "lr": float(optim_cfg.get("lr", 1e-6)),
-        "weight_decay": float(optim_cfg.get("weight_decay", 0.01)),
-        "betas": betas,
-        "eps": float(optim_cfg.get("eps", 1e-8)),
-    }
-    overrides = _overrides(optim_cfg.get("override_optimizer_config", None))
+    kwargs = {"lr": optim_cfg.lr, "weight_decay": optim_cfg.weight_decay, "betas": betas, "eps": optim_cfg.eps}
+    overrides = _overrides(getattr(optim_cfg, "override_optimizer_config", None))
     kwargs.update(overrides)
     if "fused" not in overrides and "foreach" not in overrides and _all_on_cpu(params):
         kwargs["fused"] = True
     return torch.optim.AdamW(params, **kwargs)
+
+
+def typed_optim_config(optim_cfg: Any) -> OptimizerConfig:
+    """The `optim` section as verl's typed config (`FSDPOptimizerConfig` for a mapping)."""
+    if isinstance(optim_cfg, OptimizerConfig):
+        return optim_cfg
+    return omega_conf_to_dataclass(dict(optim_cfg or {}), FSDPOptimizerConfig)
 
 
 def _overrides(value: Any) -> dict[str, Any]:
@@ -82,20 +89,17 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
       cosine:   r + (1 - r) * 0.5 * (1 + cos(pi * p)),  p = min(1, (s - W) / max(1, T - W))
     The style is `warmup_style` or `lr_scheduler_type` (default constant).
     """
-    style = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type") or "constant"
-    if style not in LR_SCHEDULE_STYLES:
-        raise ValueError(f"unknown lr schedule style {style!r}; allowed: {list(LR_SCHEDULE_STYLES)}")
-    warmup_steps = int(optim_cfg.get("lr_warmup_steps", -1) or -1)
-    ratio = float(optim_cfg.get("lr_warmup_steps_ratio", 0.0) or 0.0)
+    optim_cfg = typed_optim_config(optim_cfg)
+    style = optim_cfg.warmup_style or optim_cfg.lr_scheduler_type
+    warmup_steps = int(optim_cfg.lr_warmup_steps or -1)
+    ratio = float(optim_cfg.lr_warmup_steps_ratio)
     if (style == "cosine" or (warmup_steps <= 0 and ratio > 0)) and total_training_steps <= 0:
         raise ValueError(
             f"total_training_steps must be > 0 for a {style} schedule with warmup ratio {ratio}, got {total_training_steps}"
         )
     if warmup_steps <= 0:
         warmup_steps = int(ratio * total_training_steps)
-    min_lr_ratio = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    min_lr_ratio = float(getattr(optim_cfg, "min_lr_ratio", 0.0))
 
     def lr_lambda(step: int) -> float:
         if step < warmup_steps:

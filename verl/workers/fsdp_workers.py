@@ -200,11 +200,12 @@ class ActorRolloutRefWorker(Worker):
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         )
 
-    def _forward_config(self, section: Any) -> DictConfig:
-        """`section` (actor or ref config) with the model's forward-layout flags copied in."""
+    def _forward_config(self, section: Any, role: str = "actor") -> DictConfig:
+        """`section` (actor or ref config) with the model's forward-layout flags copied in, and its role."""
         section = private_config(section or {})
         for key in ("use_remove_padding", "share_prompt_prefix"):
             section[key] = bool(self.config.model.get(key, False))
+        section["role"] = role
         return section
 
     def _build_actor(self) -> None:
@@ -272,7 +273,9 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.engine.fsdp.transformer_impl import model_dtype
 
         if self.use_lora and self.actor is not None:  # the reference is the actor's base: adapters disabled
-            self.ref_policy = DataParallelPPOActor(self._forward_config(self.config.get("ref")), self.actor_module)
+            self.ref_policy = DataParallelPPOActor(
+                self._forward_config(self.config.get("ref"), "ref"), self.actor_module
+            )
             return
         fsdp_cfg = private_config(self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config"))
         dtype = compute_dtype(fsdp_cfg)
@@ -285,7 +288,7 @@ class ActorRolloutRefWorker(Worker):
         engine.initialize()
         self.ref_module = _freeze(engine.module)
         self.ref_policy = DataParallelPPOActor(
-            self._forward_config(self.config.get("ref")), self.ref_module, engine=engine
+            self._forward_config(self.config.get("ref"), "ref"), self.ref_module, engine=engine
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

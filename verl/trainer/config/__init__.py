@@ -7,10 +7,22 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from verl.trainer.config.algorithm import (
+    AlgoConfig,
+    CheckpointConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    RolloutCorrectionConfig,
+)
 from verl.trainer.config.checks import CONFIG_YAML, check_config, default_config, default_of
 from verl.trainer.config.legacy import migrate_legacy_keys, resolve_cpu_dtypes
 
 __all__ = [
+    "AlgoConfig",
+    "CheckpointConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "RolloutCorrectionConfig",
     "CONFIG_YAML",
     "check_config",
     "default_config",

@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from verl.trainer.config.typed import build_typed_config
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.resource_pool import Role
 from verl.workers.reward_model_worker import check_reward_model_config
@@ -81,8 +82,15 @@ def _check_sizes(cfg: DictConfig, n_actor_processes: int, train_size: int) -> No
         "actor_rollout_ref.actor.ppo_epochs": actor.ppo_epochs,
         "trainer.total_epochs": cfg.trainer.total_epochs,
     }
-    if not actor.get("use_dynamic_bsz", False):  # verl: a token budget needs no count
+    if not actor.use_dynamic_bsz:  # verl: a token budget needs no count
         positive["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = actor.ppo_micro_batch_size_per_gpu
+    # the old-log-prob and reference passes (the workers need them; verl checks them before starting)
+    positive["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = (
+        cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+    )
+    if need_reference_policy(cfg):
+        ref = cfg.actor_rollout_ref.ref
+        positive["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref.log_prob_micro_batch_size_per_gpu
     for key, value in positive.items():
         if value is None or int(value) <= 0:
             raise ValueError(f"{key} must be a positive integer, got {value!r}")
@@ -134,6 +142,7 @@ def _check_algorithm_inputs(cfg: DictConfig) -> None:
 def check_trainer_config(cfg: DictConfig, n_actor_processes: int, train_size: int) -> None:
     """The trainer's start-up checks (ValueError, one line): registered estimator and loss, batch sizes and
     worker counts, the inputs the chosen estimator/loss need, the reward model and `trainer.resume_mode`."""
+    build_typed_config(cfg)  # verl's dataclasses: types, ranges and unknown keys, each error naming the key
     core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator)  # unknown name -> ValueError listing names
     core_algos.get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
     _check_sizes(cfg, n_actor_processes, train_size)

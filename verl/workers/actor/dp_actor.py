@@ -15,6 +15,7 @@ Layer 5 (docs/architecture.md#layers): no Ray here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -24,10 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 from torch import nn
 
+from verl.base_config import BaseConfig
 from verl.protocol import DataProto
-from verl.trainer.ppo import core_algos
 from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.py_functional import append_to_dict
+from verl.workers.config import FSDPActorConfig
 from verl.workers.engine.fsdp import FSDPEngineWithLMHead
 from verl.workers.engine.utils import (
     REAL_ROW_KEY,
@@ -51,6 +54,7 @@ __all__ = [
     "mask_padding_rows",
     "micro_batch_plan",
     "module_device",
+    "plain_config",
     "positive_int",
     "shuffled",
     "split_micro_batches",
@@ -88,17 +92,26 @@ def require_temperature(meta_info: dict) -> float:
 def step_generator(config: Any, meta_info: dict) -> torch.Generator | None:
     """The per-step shuffle generator (`shuffle`): a new order each step (meta_info global_steps), the same order
     for a step after a resume; None without shuffling."""
-    if not config.get("shuffle", False):
+    if not config.shuffle:
         return None
     step = int(meta_info.get("global_steps", 0))
-    return torch.Generator().manual_seed(int(config.get("data_loader_seed", 1)) + 1_000_003 * step)
+    seed = 1 if config.data_loader_seed is None else config.data_loader_seed
+    return torch.Generator().manual_seed(int(seed) + 1_000_003 * step)
+
+
+def plain_config(config: Any) -> Any:
+    """A mapping config as a plain dict (resolved), so the typed copy shares nothing with the caller's."""
+    if isinstance(config, BaseConfig) or not config:
+        return dataclasses.asdict(config) if isinstance(config, BaseConfig) else {}
+    return OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
 
 
 # ---------------------------------------------------------------------------------------------- the actor
 class DataParallelPPOActor:
     """PPO actor of one data-parallel rank.
 
-    `config`: the `actor` config after the worker's normalisation (`ppo_mini_batch_size` and
+    `config`: the `actor` (or `ref`) config, an `ActorConfig` or a mapping of its keys (missing keys take verl's
+    defaults), after the worker's normalisation (`ppo_mini_batch_size` and
     `ppo_micro_batch_size_per_gpu` in samples per rank; `use_remove_padding` / `share_prompt_prefix` copied from
     the model config). `actor_module`: a causal LM returning `.logits` of shape (bs, seq_len, vocab).
     `actor_optimizer` is needed only by `update_policy`. `engine`: the training engine that owns this module and
@@ -112,18 +125,14 @@ class DataParallelPPOActor:
         actor_optimizer: torch.optim.Optimizer | None = None,
         engine: FSDPEngineWithLMHead | None = None,
     ):
-        self.config = config
+        # typed (checks and defaults in one place); its own copy, since the loss sets `global_batch_info` on it
+        self.config = config = omega_conf_to_dataclass(plain_config(config), FSDPActorConfig)
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
-        loss_agg_mode = config.get("loss_agg_mode", "token-mean")
-        if loss_agg_mode not in core_algos.LOSS_AGG_MODES:
-            raise ValueError(f"actor.loss_agg_mode={loss_agg_mode!r}; allowed: {', '.join(core_algos.LOSS_AGG_MODES)}")
-        self.loss_agg_mode = loss_agg_mode
-        # the config handed to the policy loss: a private, writable copy that carries `global_batch_info`
-        plain = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
-        self.loss_config = OmegaConf.create(plain)
+        self.loss_agg_mode = config.loss_agg_mode
+        self.loss_config = config
         self.engine = FSDPEngineWithLMHead.owning(
-            engine, actor_module, actor_optimizer, config, float(config.get("grad_clip", 1.0)), "DataParallelPPOActor"
+            engine, actor_module, actor_optimizer, config, config.grad_clip, "DataParallelPPOActor"
         )
 
     # ------------------------------------------------------------------ forward
@@ -208,12 +217,12 @@ class DataParallelPPOActor:
         config = self.config
         temperature = require_temperature(data.meta_info)
         mini_batch_size = positive_int(config, "ppo_mini_batch_size")
-        if not config.get("use_dynamic_bsz", False):
+        if not config.use_dynamic_bsz:
             positive_int(config, "ppo_micro_batch_size_per_gpu")
 
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
         keys += ["old_log_probs", "advantages"]
-        if config.get("use_kl_loss", False):
+        if config.use_kl_loss:
             keys.append("ref_log_prob")
         keys += [key for key in OPTIONAL_LOSS_INPUTS if key in data.batch.keys()]
         missing = [key for key in keys if key not in data.batch.keys()]
@@ -227,7 +236,7 @@ class DataParallelPPOActor:
         metrics: dict[str, list[float] | float] = {}
         nonfinite_steps = 0
         with self.engine.train_mode():
-            for _ in range(int(config.get("ppo_epochs", 1))):
+            for _ in range(config.ppo_epochs):
                 for mini_batch in shuffled(data, generator).split(mini_batch_size):
                     batch = mini_batch.batch
                     tu.assign_non_tensor(batch, **settings)
@@ -236,8 +245,8 @@ class DataParallelPPOActor:
                     grad_norm = micro.pop("grad_norm")
                     mini_metrics = {key: float(sum(micro.pop(key))) for key in _SUMMED_METRICS if key in micro}
                     mini_metrics["actor/grad_norm"] = grad_norm
-                    if config.get("use_kl_loss", False):
-                        mini_metrics["actor/kl_coef"] = float(config.get("kl_loss_coef", 0.001))
+                    if config.use_kl_loss:
+                        mini_metrics["actor/kl_coef"] = float(config.kl_loss_coef)
                     for key, values in micro.items():
                         metrics.setdefault(key, []).extend(values)
                     append_to_dict(metrics, mini_metrics)
@@ -250,16 +259,16 @@ class DataParallelPPOActor:
         of the loss (`entropy_coeff`) or the only measure of it (no old-log-prob pass: `recompute_old_log_prob`
         false, or verl's rollout-correction bypass mode), with a gradient only when it is in the loss."""
         config = self.config
-        entropy_coeff = float(config.get("entropy_coeff", 0.0))
-        bypass = config.get("policy_loss", {}).get("loss_mode", "vanilla") == "bypass_mode"
+        entropy_coeff = float(config.entropy_coeff)
+        bypass = config.policy_loss.loss_mode == "bypass_mode"
         settings: dict[str, Any] = {
             "temperature": temperature,
-            "use_dynamic_bsz": bool(config.get("use_dynamic_bsz", False)),
-            "calculate_entropy": entropy_coeff != 0 or not bool(config.get("recompute_old_log_prob", True)) or bypass,
+            "use_dynamic_bsz": config.use_dynamic_bsz,
+            "calculate_entropy": entropy_coeff != 0 or not config.recompute_old_log_prob or bypass,
             "entropy_grad": entropy_coeff != 0,
         }
         if settings["use_dynamic_bsz"]:
-            settings["max_token_len_per_gpu"] = config.get("ppo_max_token_len_per_gpu")
+            settings["max_token_len_per_gpu"] = config.ppo_max_token_len_per_gpu
         else:
-            settings["micro_batch_size_per_gpu"] = config.get("ppo_micro_batch_size_per_gpu")
+            settings["micro_batch_size_per_gpu"] = config.ppo_micro_batch_size_per_gpu
         return settings

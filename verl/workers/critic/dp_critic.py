@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.trainer.ppo import core_algos
 from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.py_functional import append_to_dict
-from verl.workers.actor.dp_actor import positive_int, shuffled, step_generator
+from verl.workers.actor.dp_actor import plain_config, positive_int, shuffled, step_generator
+from verl.workers.config import FSDPCriticConfig
 from verl.workers.engine.fsdp import FSDPEngineWithValueHead
 from verl.workers.engine.utils import mask_padding_rows
 from verl.workers.utils.losses import value_loss
@@ -39,7 +40,7 @@ def response_mask_of(batch: Any) -> torch.Tensor:
 class DataParallelPPOCritic:
     """Value model of one data-parallel rank.
 
-    `config`: the `critic` config after the worker's normalisation (`ppo_mini_batch_size`,
+    `config`: the `critic` config (a `CriticConfig` or a mapping of its keys; verl's defaults for the rest) after the worker's normalisation (`ppo_mini_batch_size`,
     `ppo_micro_batch_size_per_gpu` in samples per rank; `model.use_remove_padding` / `model.share_prompt_prefix`
     pick the forward layout). `critic_module`: e.g. an `AutoModelForTokenClassification` with `num_labels=1`, or
     any module whose output has `.logits` of shape (bs, seq_len, 1). `engine`: the training engine owning module
@@ -53,20 +54,12 @@ class DataParallelPPOCritic:
         critic_optimizer: torch.optim.Optimizer,
         engine: FSDPEngineWithValueHead | None = None,
     ):
-        self.config = config
+        self.config = config = omega_conf_to_dataclass(plain_config(config), FSDPCriticConfig)
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
-        loss_agg_mode = config.get("loss_agg_mode", "token-mean")
-        if loss_agg_mode not in core_algos.LOSS_AGG_MODES:
-            raise ValueError(f"critic.loss_agg_mode={loss_agg_mode!r}; allowed: {', '.join(core_algos.LOSS_AGG_MODES)}")
-        self.loss_agg_mode = loss_agg_mode
+        self.loss_agg_mode = config.loss_agg_mode
         self.engine = FSDPEngineWithValueHead.owning(
-            engine,
-            critic_module,
-            critic_optimizer,
-            config.get("model", None),
-            float(config.get("grad_clip", 1.0)),
-            "DataParallelPPOCritic",
+            engine, critic_module, critic_optimizer, config.model, config.grad_clip, "DataParallelPPOCritic"
         )
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -85,7 +78,7 @@ class DataParallelPPOCritic:
         if data.meta_info.get("use_dynamic_bsz", False):
             tu.assign_non_tensor(batch, use_dynamic_bsz=True, max_token_len_per_gpu=data.meta_info.get("max_token_len"))
         else:
-            size = data.meta_info.get("micro_batch_size", self.config.get("forward_micro_batch_size_per_gpu"))
+            size = data.meta_info.get("micro_batch_size", self.config.forward_micro_batch_size_per_gpu)
             tu.assign_non_tensor(batch, micro_batch_size_per_gpu=size)
         with self.engine.eval_mode():
             values = self.engine.infer_batch(batch)["model_output"]["values"]
@@ -105,7 +98,7 @@ class DataParallelPPOCritic:
         """
         config = self.config
         mini_batch_size = positive_int(config, "ppo_mini_batch_size")
-        if not config.get("use_dynamic_bsz", False):
+        if not config.use_dynamic_bsz:
             positive_int(config, "ppo_micro_batch_size_per_gpu")
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
         missing = [key for key in keys if key not in data.batch.keys()]
@@ -114,15 +107,15 @@ class DataParallelPPOCritic:
         data = mask_padding_rows(data.select(batch_keys=keys))
         generator = step_generator(config, data.meta_info)
         loss_function = functools.partial(value_loss, config)
-        if config.get("use_dynamic_bsz", False):
-            settings = {"use_dynamic_bsz": True, "max_token_len_per_gpu": config.get("ppo_max_token_len_per_gpu")}
+        if config.use_dynamic_bsz:
+            settings = {"use_dynamic_bsz": True, "max_token_len_per_gpu": config.ppo_max_token_len_per_gpu}
         else:
-            settings = {"micro_batch_size_per_gpu": config.get("ppo_micro_batch_size_per_gpu")}
+            settings = {"micro_batch_size_per_gpu": config.ppo_micro_batch_size_per_gpu}
 
         metrics: dict[str, list[float] | float] = {}
         nonfinite_steps = 0
         with self.engine.train_mode():
-            for _ in range(int(config.get("ppo_epochs", 1))):
+            for _ in range(config.ppo_epochs):
                 for mini_batch in shuffled(data, generator).split(mini_batch_size):
                     batch = mini_batch.batch
                     tu.assign_non_tensor(batch, **settings)

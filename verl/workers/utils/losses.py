@@ -23,7 +23,9 @@ import torch
 from tensordict import TensorDict
 
 from verl.trainer.ppo import core_algos
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.torch_functional import masked_mean
+from verl.workers.config import ActorConfig, CriticConfig, FSDPActorConfig, FSDPCriticConfig
 
 __all__ = ["OPTIONAL_LOSS_INPUTS", "optional_loss_inputs", "ppo_loss", "value_loss"]
 
@@ -52,22 +54,29 @@ def _global_batch_info(data: TensorDict) -> dict[str, Any]:
     return {key: data[key] for key in ("dp_size", "batch_num_tokens", "global_batch_size")}
 
 
+def _typed(config: Any, base: type, default: type) -> Any:
+    """`config` as a typed section: as it is when it already is one, else read into `default` (verl's defaults for
+    the keys it leaves out)."""
+    return config if isinstance(config, base) else omega_conf_to_dataclass(config or {}, default)
+
+
 def ppo_loss(config: Any, model_output: dict[str, torch.Tensor], data: TensorDict, dp_group: Any = None):
     """Policy loss (`actor.policy_loss.loss_mode`), minus `entropy_coeff` x entropy when `model_output` has an
     entropy, plus `kl_loss_coef` x KL to `ref_log_prob` with `use_kl_loss`; every term aggregated by
     `loss_agg_mode` over the global mini-batch.
 
-    config: the actor config (`loss_agg_mode`, `policy_loss`, `entropy_coeff`, `use_kl_loss`, `kl_loss_coef`,
+    config: the actor config, an `ActorConfig` or a mapping of its keys (`loss_agg_mode`, `policy_loss`, `entropy_coeff`, `use_kl_loss`, `kl_loss_coef`,
     `kl_loss_type`, and what the policy loss reads); it gets `global_batch_info` set, as verl's does.
     Metrics: the policy loss's own (`actor/pg_clipfrac`, `actor/ppo_kl`, ...), `actor/pg_loss`, `actor/entropy`
     (when an entropy is given) and `actor/kl_loss` (with `use_kl_loss`).
     """
+    config = _typed(config, ActorConfig, FSDPActorConfig)
     info = _global_batch_info(data)
     config.global_batch_info = info
-    loss_agg_mode = config.get("loss_agg_mode", "token-mean")
+    loss_agg_mode = config.loss_agg_mode
     response_mask = data["response_mask"]
     log_prob = model_output["log_probs"]
-    policy_loss_fn = core_algos.get_policy_loss_fn(config.get("policy_loss", {}).get("loss_mode", "vanilla"))
+    policy_loss_fn = core_algos.get_policy_loss_fn(config.policy_loss.loss_mode)
     pg_loss, pg_metrics = policy_loss_fn(
         old_log_prob=data["old_log_probs"],
         log_prob=log_prob,
@@ -82,15 +91,15 @@ def ppo_loss(config: Any, model_output: dict[str, torch.Tensor], data: TensorDic
     loss = pg_loss
     entropy = model_output.get("entropy")
     if entropy is not None:
-        entropy_coeff = float(config.get("entropy_coeff", 0.0))
+        entropy_coeff = float(config.entropy_coeff)
         entropy_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode, **info)
         if entropy_coeff != 0:
             loss = loss - entropy_coeff * entropy_loss
         metrics["actor/entropy"] = float(entropy_loss.detach())
-    if config.get("use_kl_loss", False):
-        kld = core_algos.kl_penalty(log_prob, data["ref_log_prob"], config.get("kl_loss_type", "low_var_kl"))
+    if config.use_kl_loss:
+        kld = core_algos.kl_penalty(log_prob, data["ref_log_prob"], config.kl_loss_type)
         kl_loss = core_algos.agg_loss(kld, response_mask, loss_agg_mode, **info)
-        loss = loss + float(config.get("kl_loss_coef", 0.001)) * kl_loss
+        loss = loss + float(config.kl_loss_coef) * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
     return loss, metrics
 
@@ -99,6 +108,7 @@ def value_loss(config: Any, model_output: dict[str, torch.Tensor], data: TensorD
     """verl's clipped value loss of `model_output["values"]` against `returns`, clipped around the old `values` by
     `cliprange_value`, aggregated by `loss_agg_mode` over the global mini-batch.
     Metrics: `critic/vf_loss`, `critic/vf_clipfrac`, `critic/vpred_mean`."""
+    config = _typed(config, CriticConfig, FSDPCriticConfig)
     vpreds = model_output["values"]
     response_mask = data["response_mask"]
     vf_loss, vf_clipfrac = core_algos.compute_value_loss(
@@ -106,8 +116,8 @@ def value_loss(config: Any, model_output: dict[str, torch.Tensor], data: TensorD
         data["returns"],
         data["values"],
         response_mask,
-        float(config.get("cliprange_value", 0.5)),
-        loss_agg_mode=config.get("loss_agg_mode", "token-mean"),
+        float(config.cliprange_value),
+        loss_agg_mode=config.loss_agg_mode,
         **_global_batch_info(data),
     )
     metrics = {
