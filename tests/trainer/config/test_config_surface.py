@@ -189,3 +189,44 @@ def test_a_resolved_config_keeps_derived_values_and_still_refuses_a_changed_one(
     config.actor_rollout_ref.rollout.n_gpus_per_node = 2
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.n_gpus_per_node=2 is not supported"):
         check_config(config)
+
+
+def test_keys_of_older_verl_launch_scripts_are_honoured_or_said_to_have_no_effect():
+    notices = []
+    config = prepare_config(
+        _compose(
+            "reward_model.use_reward_loop=True",
+            "trainer.use_legacy_worker_impl=disable",
+            "reward_model.sandbox_fusion.url=http://127.0.0.1:1/run_code",
+            "reward_model.sandbox_fusion.max_concurrent=32",
+            "reward_model.model.use_remove_padding=True",
+            "reward_model.model.fsdp_config.param_offload=True",
+            "actor_rollout_ref.nccl_timeout=1200",
+        ),
+        notify=notices.append,
+    )
+    assert config.reward.sandbox_fusion.url == "http://127.0.0.1:1/run_code"
+    assert config.reward.sandbox_fusion.max_concurrent == 32
+    said = sorted(n.split("=")[0] for n in notices if "has no effect here" in n)
+    assert said == ["actor_rollout_ref.nccl_timeout", "reward_model.model.fsdp_config.param_offload",
+                    "reward_model.model.use_remove_padding", "trainer.use_legacy_worker_impl"]  # fmt: skip
+    notices.clear()
+    prepare_config(_compose("reward_model.use_reward_loop=False"), notify=notices.append)
+    assert notices == ["reward_model.use_reward_loop=False has no effect here: " + next(
+        reason for reason, keys in NO_EFFECT.items() if "reward_model.use_reward_loop" in keys)]  # fmt: skip
+    with pytest.raises(ValueError, match="trainer.use_legacy_worker_impl='sometimes' is not supported: verl's worker"):
+        prepare_config(_compose("trainer.use_legacy_worker_impl=sometimes"))
+    with pytest.raises(ValueError, match="actor_rollout_ref.hybrid_engine=False is not supported: verl 0.9.1's PPO"):
+        prepare_config(_compose("actor_rollout_ref.hybrid_engine=false"))
+
+
+def test_gen_batch_size_is_the_dataloader_batch_or_dapos_generation_round():
+    notices = []
+    config = prepare_config(_compose("data.train_batch_size=8", "data.gen_batch_size=12"), notify=notices.append)
+    assert config.data.train_batch_size == 12  # verl trains each step on its dataloader's gen_batch_size prompts
+    assert any(n.startswith("data.gen_batch_size=12 without algorithm.filter_groups.enable") for n in notices)
+    dapo = prepare_config(_compose("data.train_batch_size=8", "data.gen_batch_size=24",
+                                   "algorithm.filter_groups.enable=true"))  # fmt: skip
+    assert dapo.data.train_batch_size == 8 and dapo.data.gen_batch_size == 24  # read by the dynamic sampler
+    with pytest.raises(ValueError, match=r"data.gen_batch_size=0 must be a positive integer \(null = data.train_"):
+        prepare_config(_compose("data.gen_batch_size=0"))

@@ -125,3 +125,23 @@ def test_unlimited_rounds_stop_as_soon_as_the_target_is_met():
     draw = lambda shortfall: prompts([next(counter)])  # noqa: E731
     batch, _, metrics = DynamicSamplingScheduler({"all": 1}).collect(prompts([0]), draw, rollout, judge)
     assert list(batch.non_tensor_batch["pid"]) == [7, 7] and metrics["train/num_gen_batches"] == 8
+
+
+def test_gen_batch_size_sets_the_prompts_of_every_round():
+    """verl's DAPO `data.gen_batch_size`: each round rolls out that many prompts, taken in order from the step's
+    batch and as many drawn batches as needed; the kept groups beyond the target are not trained on."""
+    rollout = ScriptedRollout(passing={1, 4, 5, 6})
+    draw, asked = drawer([prompts([2, 3]), prompts([4, 5]), prompts([6, 7])])
+    scheduler = DynamicSamplingScheduler({"all": 2}, gen_batch_size=3)
+    batch, _, metrics = scheduler.collect(prompts([0, 1]), draw, rollout, judge)
+    assert rollout.calls == [[0, 1, 2], [3, 4, 5]]  # 3 prompts a round, whatever the drawn batches' size
+    assert asked == [{"all": 2}, {"all": 1}]
+    assert list(batch.non_tensor_batch["pid"]) == [1, 1, 4, 4] and metrics["train/num_gen_batches"] == 2
+    small = DynamicSamplingScheduler({"all": 1}, gen_batch_size=1)  # a round smaller than the step's batch
+    rollout = ScriptedRollout(passing={8})
+    batch, _, metrics = small.collect(prompts([7, 8]), lambda s: pytest.fail("no draw needed"), rollout, judge)
+    assert rollout.calls == [[7], [8]] and list(batch.non_tensor_batch["pid"]) == [8, 8]
+    with pytest.raises(ValueError, match="data.gen_batch_size=4 must be >= 1, and is not implemented with data.domains"):
+        DynamicSamplingScheduler({"math": 2}, bucket_key="domain", gen_batch_size=4)
+    with pytest.raises(ValueError, match="data.gen_batch_size=0 must be >= 1"):
+        DynamicSamplingScheduler({"all": 2}, gen_batch_size=0)

@@ -48,7 +48,9 @@ NULLABLE_TYPES: dict[str, tuple[type, ...]] = {
     "critic.enable": (bool,),
     "reward.timeout_s": (int, float),
     "reward.reward_model.model_path": (str,),
-    "reward.sandbox_fusion.url": (str,),
+    "*sandbox_fusion.url": (str,),
+    "*sandbox_fusion.max_concurrent": (int,),
+    "*sandbox_fusion.memory_limit_mb": (int,),
     "actor_rollout_ref.rollout.max_model_len": (int,),
     "actor_rollout_ref.actor.policy_loss.dro_beta": (float,),
     "ray_kwargs.ray_init.num_cpus": (int,),
@@ -224,7 +226,7 @@ def check_config(config: DictConfig, notify=None) -> None:
             reason = _policy(REFUSED, ancestor)
             if reason and not _node_at(defaults, ancestor)._is_interpolation():
                 raise ValueError(
-                    f"{ancestor}.{path[len(ancestor) + 1:]}={_value(node)!r} is not supported: {reason}; only "
+                    f"{ancestor}.{path[len(ancestor) + 1 :]}={_value(node)!r} is not supported: {reason}; only "
                     f"verl's default {_value(_node_at(defaults, ancestor))!r} of {ancestor} is accepted"
                 )
             continue

@@ -185,6 +185,9 @@ REFUSED: dict[str, list[str]] = {
     "verl's v1 trainer modes (colocate/separate async) are not implemented; see trainer.rollout_mode=async": [
         "trainer.v1.*",
     ],
+    "verl 0.9.1's PPO trainer runs only the hybrid engine (it asserts hybrid_engine=true); a separate rollout "
+    "group is trainer.rollout_mode=async here": ["actor_rollout_ref.hybrid_engine"],
+    "verl's worker-implementation switch takes 'auto', 'enable' or 'disable'": ["trainer.use_legacy_worker_impl"],
     "this Ray option is not implemented": [
         "ray_kwargs.ray_init.runtime_env.py_executable",
         "ray_kwargs.timeline_json_file",
@@ -196,6 +199,7 @@ ALSO_ALLOWED: dict[str, tuple] = {
     "actor_rollout_ref.actor.strategy": ("fsdp", "fsdp2"),
     "critic.strategy": ("fsdp", "fsdp2"),
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right"),
+    "trainer.use_legacy_worker_impl": ("enable", "disable"),
 }
 
 NO_EFFECT: dict[str, list[str]] = {
@@ -222,5 +226,17 @@ NO_EFFECT: dict[str, list[str]] = {
     ],
     "agent loops run inside each rollout worker (all of its rows at once), not in separate agent-loop workers": [
         "actor_rollout_ref.rollout.agent.num_workers",
+    ],
+    "verl's choice between its legacy FSDP workers and its model-engine workers; this project has one FSDP2 "
+    "worker implementation": ["trainer.use_legacy_worker_impl"],
+    "verl 0.9.1 reads it nowhere either (its workers start torch.distributed with torch's default timeout)": [
+        "actor_rollout_ref.nccl_timeout",
+    ],
+    "verl 0.9.1 removed this switch (its reward loop always runs); here the reward manager scores whole batches "
+    "either way, with the same scores": ["reward_model.use_reward_loop"],
+    "the reward model runs padded batches with its weights on its device; this speed/memory option of verl's "
+    "legacy reward-model worker does not change scores": [
+        "reward_model.model.use_remove_padding",
+        "reward_model.model.fsdp_config.param_offload",
     ],
 }

@@ -3,8 +3,10 @@
 Owns `migrate_legacy_keys(config, n_workers)` (called by `main_ppo` before `check_config`) and
 `resolve_cpu_dtypes(config, device)`:
 - verl's legacy reward sections: `reward_model.*`, `custom_reward_function.*`, `sandbox_fusion.*` move to
-  `reward.*` (verl 0.9.1's `migrate_legacy_reward_impl`), plus this project's old `reward_model.{on_error,
-  timeout_s, reward_kwargs, num_examine, micro_batch_size_per_gpu}`;
+  `reward.*` (verl 0.9.1's `migrate_legacy_reward_impl`; older verl's `reward_model.sandbox_fusion.*` too), plus
+  this project's old `reward_model.{on_error, timeout_s, reward_kwargs, num_examine, micro_batch_size_per_gpu}`;
+- `data.gen_batch_size` without `algorithm.filter_groups.enable` becomes `data.train_batch_size` (verl's
+  dataloader batch, trained on whole); with it, it is the dynamic sampler's generation round;
 - global micro-batch sizes (`actor.ppo_micro_batch_size`, `rollout/ref.log_prob_micro_batch_size`,
   `critic.ppo_micro_batch_size`, `critic.forward_micro_batch_size`) become per-worker sizes, divided by the
   number of workers as verl's workers do (setting both forms is an error, as in verl);
@@ -89,6 +91,9 @@ def _migrate_reward(config: DictConfig, notify: Notify) -> None:
         ("sandbox_fusion.url", "reward.sandbox_fusion.url"),
         ("sandbox_fusion.max_concurrent", "reward.sandbox_fusion.max_concurrent"),
         ("sandbox_fusion.memory_limit_mb", "reward.sandbox_fusion.memory_limit_mb"),
+        ("reward_model.sandbox_fusion.url", "reward.sandbox_fusion.url"),
+        ("reward_model.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.max_concurrent"),
+        ("reward_model.sandbox_fusion.memory_limit_mb", "reward.sandbox_fusion.memory_limit_mb"),
     ]:
         _move(config, old, new, notify)
     # a custom reward function's own keyword arguments (verl: custom_reward_function.reward_kwargs)
@@ -159,6 +164,23 @@ def _migrate_optim(config: DictConfig, notify: Notify) -> None:
             _set(config, f"{role}.grad_clip", clip)
 
 
+def _gen_batch_size(config: DictConfig, notify: Notify) -> None:
+    """verl's training dataloader yields `data.gen_batch_size` prompts: with `algorithm.filter_groups.enable` they
+    are one generation round (the dynamic sampler reads the key); without it every step trains on them."""
+    size = _get(config, "data.gen_batch_size")
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"data.gen_batch_size={size!r} must be a positive integer (null = data.train_batch_size)")
+    if _get(config, "algorithm.filter_groups.enable") or size == _get(config, "data.train_batch_size"):
+        return
+    _set(config, "data.train_batch_size", size)
+    notify(
+        f"data.gen_batch_size={size} without algorithm.filter_groups.enable: verl trains each step on "
+        f"gen_batch_size prompts (its dataloader's batch), so data.train_batch_size={size}"
+    )
+
+
 def migrate_legacy_keys(config: DictConfig, n_workers: int, notify: Notify | None = None) -> DictConfig:
     """Convert legacy keys in place (see the module docstring); `n_workers` = processes of the actor pool."""
     notify = notify or _notice
@@ -166,6 +188,7 @@ def migrate_legacy_keys(config: DictConfig, n_workers: int, notify: Notify | Non
     _migrate_micro_batches(config, n_workers, notify)
     _migrate_fsdp(config, notify)
     _migrate_optim(config, notify)
+    _gen_batch_size(config, notify)
     _move(config, "trainer.ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", lambda _msg: None)
     logger = _get(config, "trainer.logger")
     if isinstance(logger, str):

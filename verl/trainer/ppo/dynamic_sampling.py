@@ -6,7 +6,10 @@ roll out and score, judge groups); knows nothing of Ray or models.
 
 The rule, per bucket (a domain, or the whole batch without domains), each holding a target number of groups:
     round 1 rolls out the step's prompts; every later round draws new prompts for the buckets still short
-    (`draw(shortfall)`), rolls them out and scores them; groups (same uid) that pass go to the bucket's kept list,
+    (`draw(shortfall)`), rolls them out and scores them. With `gen_batch_size` (verl's `data.gen_batch_size`, DAPO;
+    one bucket only) every round rolls out that many prompts instead: the next ones of the step's prompts and of as
+    many drawn batches as needed (prompts left over when the step's batch is complete are not used). Groups (same
+    uid) that pass go to the bucket's kept list,
     the others to its spare list. Stop when every bucket holds its target, or after `max_num_gen_batches` rounds
     (0 = no cap). At the cap the scheduler says so and continues with what it has (`on_cap="continue"`: the
     shortfall is filled with spare groups, which train on nothing, their loss mask being zeroed by the caller) or
@@ -53,6 +56,7 @@ class DynamicSamplingScheduler:
         max_num_gen_batches: cap on rounds per step; 0 = unlimited.
         on_cap: "continue" (log and train on what passed) or "error".
         bucket_key: non-tensor column naming each row's bucket (None: one bucket, `"all"`).
+        gen_batch_size: prompts per round (None: a round is one batch of prompts, the step's or one drawn).
     """
 
     def __init__(
@@ -61,11 +65,18 @@ class DynamicSamplingScheduler:
         max_num_gen_batches: int = 0,
         on_cap: str = "continue",
         bucket_key: str | None = None,
+        gen_batch_size: int | None = None,
     ) -> None:
         if on_cap not in ON_CAP_CHOICES:
             raise ValueError(f"algorithm.filter_groups.on_cap={on_cap!r}; allowed: {ON_CAP_CHOICES}")
         if int(max_num_gen_batches) < 0:
             raise ValueError(f"algorithm.filter_groups.max_num_gen_batches={max_num_gen_batches} must be >= 0")
+        if gen_batch_size is not None and (int(gen_batch_size) < 1 or bucket_key is not None):
+            raise ValueError(
+                f"data.gen_batch_size={gen_batch_size} must be >= 1, and is not implemented with data.domains "
+                "(each round draws the quotas of the short domains); use null"
+            )
+        self.gen_batch_size = None if gen_batch_size is None else int(gen_batch_size)
         self.targets = {name: int(count) for name, count in targets.items()}
         self.max_rounds = int(max_num_gen_batches)
         self.on_cap = on_cap
@@ -73,6 +84,19 @@ class DynamicSamplingScheduler:
 
     def _bucket(self, batch: DataProto, row: int) -> str:
         return ALL if self.bucket_key is None else str(batch.non_tensor_batch[self.bucket_key][row])
+
+    def _round(
+        self, pending: list[DataProto], draw: Callable[[dict[str, int]], DataProto], shortfall: dict[str, int]
+    ) -> tuple[DataProto, list[DataProto]]:
+        """This round's prompts and those left for the next round: the pending batch (else `draw(shortfall)`), or
+        with `gen_batch_size` the next that many of the pending prompts and of new draws."""
+        size = self.gen_batch_size
+        if size is None:
+            return (pending[0] if pending else draw(shortfall)), []
+        while sum(len(p) for p in pending) < size:
+            pending.append(draw(shortfall))
+        merged = DataProto.concat(pending) if len(pending) > 1 else pending[0]
+        return merged[:size], [merged[size:]] if len(merged) > size else []
 
     def collect(
         self,
@@ -90,9 +114,11 @@ class DynamicSamplingScheduler:
         kept: dict[str, list[DataProto]] = {name: [] for name in self.targets}
         spare: dict[str, list[DataProto]] = {name: [] for name in self.targets}
         rounds = generated = filtered = 0
+        pending, shortfall = [prompts], dict(self.targets)
         while True:
             rounds += 1
-            scored = rollout(prompts)
+            round_prompts, pending = self._round(pending, draw, shortfall)
+            scored = rollout(round_prompts)
             ok = np.asarray(judge(scored), dtype=bool)
             for rows in group_rows(scored.non_tensor_batch["uid"]).values():
                 bucket = self._bucket(scored, rows[0])
@@ -114,7 +140,6 @@ class DynamicSamplingScheduler:
                     raise RuntimeError(message + " (algorithm.filter_groups.on_cap=error)")
                 print(message + "; continuing with the groups that passed", flush=True)
                 break
-            prompts = draw(shortfall)
         parts, flags, padded = [], [], 0
         for name, target in self.targets.items():
             chosen = kept[name][:target]

@@ -216,6 +216,7 @@ def build_rlvr_step(config: Any) -> RLVRStep | None:
             max_num_gen_batches=int(groups.get("max_num_gen_batches", 0) or 0),
             on_cap=groups.get("on_cap", "continue") or "continue",
             bucket_key=domain_key,
+            gen_batch_size=config.data.get("gen_batch_size"),
         )
     return RLVRStep(specs, mask, scheduler, quotas, domain_key)
 
