@@ -1,6 +1,7 @@
 """Tests of the `agent_loop` workflow (verl/workers/rollout/workflows/agent_loop.py) on the tiny model's `hf` engine:
 
-- `single_turn_agent` gives exactly the rows of `rlvr` (same tokens, masks, log-probs, one batched generate call);
+- `single_turn_agent` gives the rows of `rlvr` (same tokens, masks, log-probs, position ids where attended, one
+  batched generate call), with verl's stable extra-field columns;
 - `tool_agent` with the gsm8k_tool_agent example's tool YAML on a model warm-started to call those tools
   (examples/gsm8k_tool_agent/warm_start.py): tool results in the rows with response_mask 0 and log-prob 0, every
   turn of every episode batched into one generate call per wave, tool rewards and turns in the row fields;
@@ -74,12 +75,19 @@ def test_single_turn_agent_gives_the_rlvr_rows(model, tokenizer, make_config, ma
     )
     assert (engine.num_generate_calls, engine.num_requests) == (1, 8)
     assert set(got.batch.keys()) == set(expected.batch.keys())
-    for key in expected.batch.keys():
-        assert torch.equal(got.batch[key], expected.batch[key]), key
-    assert list(got.non_tensor_batch["__num_turns__"]) == [2] * 8
-    assert list(got.non_tensor_batch["reward_score"]) == [None] * 8
-    assert all(r == [] for r in got.non_tensor_batch["tool_rewards"])
-    assert got.non_tensor_batch["tool_extra_fields"][0]["max_global_steps"] == 0
+    attended = expected.batch["attention_mask"].bool()
+    for key in expected.batch.keys():  # position ids on padding: verl's agent loop repeats the last one, rlvr counts on
+        got_values, expected_values = got.batch[key], expected.batch[key]
+        if key == "position_ids":
+            got_values, expected_values = got_values[attended], expected_values[attended]
+        assert torch.equal(got_values, expected_values), key
+    fields = got.non_tensor_batch
+    assert list(fields["__num_turns__"]) == [2] * 8 and list(fields["reward_score"]) == [None] * 8
+    assert all(r == [] for r in fields["tool_rewards"]) and list(fields["extras"]) == [None] * 8
+    assert list(fields["min_global_steps"]) == [0] * 8 and list(fields["max_global_steps"]) == [0] * 8
+    assert fields["tool_extra_fields"][0]["max_global_steps"] == 0
+    assert fields["tool_extra_fields"][0]["raw_prompt"] == [{"role": "user", "content": QUESTIONS[0]}]
+    assert fields["agent_loop_metrics"][0]["generate_sequences"] > 0
 
 
 # ----------------------------------------------------------------------------------------------- tool_agent
@@ -204,3 +212,7 @@ def test_the_workflow_refuses_what_it_does_not_implement(tokenizer, make_config,
     config = agent_config(make_config)
     with pytest.raises(KeyError, match="data.return_raw_chat=true"):
         run(HFRollout(model, config, tokenizer), make_prompts(["Hi"]), AgentLoopWorkflow(config, tokenizer))
+    config = agent_config(make_config, prompt_length=32)
+    wide = chat_prompts(make_prompts, tokenizer, ["Hi"], prompt_len=40)
+    with pytest.raises(ValueError, match="prompt_length=32 differs from the batch's prompt width 40"):
+        run(HFRollout(model, config, tokenizer), wide, AgentLoopWorkflow(config, tokenizer))

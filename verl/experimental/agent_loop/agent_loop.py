@@ -10,23 +10,26 @@ Owns:
   returns a `verl.workers.rollout.replica.TokenOutput`, and builds its token stream with the `ct_*` helpers
   (`chat_tokens.ChatTokenBuilder`: the chat template and its deltas, no re-tokenisation of model output);
 - `register(name)` and `_agent_loop_registry` (name -> `{"_target_": "module.Class", ...kwargs}`, as verl keeps
-  it for `hydra.utils.instantiate`); `build_agent_loop(name, **kwargs)` constructs one (a plain import and call);
-- `AgentLoopOutput` / `AgentLoopMetrics` (verl's fields), `DictConfigWrap`, `ToolListWrap`,
-  `get_trajectory_info`.
+  it); `build_agent_loop(name, **kwargs)` constructs one: a class `@register` made directly, any other entry (an
+  `agent_loop_config_path` YAML's) with `hydra.utils.instantiate` as verl does;
+- `AgentLoopOutput` / `AgentLoopMetrics` (verl's fields), `_InternalAgentLoopOutput` (one episode padded to the
+  rollout's widths, as tensors), `DictConfigWrap`, `ToolListWrap`, `get_trajectory_info`, and
+  `rollout_trace_attr` (verl's per-episode trace context: here a DEBUG log line of the episode and its seconds);
+- `AgentLoopWorker` (verl's worker turning a batch into episodes and their outputs into a batch), re-exported
+  from `agent_loop_worker` on first use so that this module stays free of the data protocol.
 
-Here loops run inside each rollout worker, one per sample, through the `agent_loop` rollout workflow
-(`verl.workers.rollout.workflows.agent_loop`), which gives them a server manager over the rank's engine and
-turns their output into training rows. verl's Ray `AgentLoopManager` / `AgentLoopWorker`, rollout tracing,
-reward-loop workers, teacher log-probs (distillation) and multi-modal inputs are not provided: a loop given
-images, videos or audio stops with a NotImplementedError naming them.
+Loops run inside each rollout worker, one per sample, through the `agent_loop` rollout workflow
+(`verl.workers.rollout.workflows.agent_loop`), which runs each row through an `AgentLoopWorker` over a server
+manager on the rank's engine. verl's Ray `AgentLoopManager`, trace backends, reward-loop workers, teacher
+log-probs (distillation) and multi-modal inputs are not provided: a loop given images, videos or audio stops with
+a NotImplementedError naming them.
 
-Layer 1 (utilities): the standard library, pydantic, torch and `chat_tokens`; never Ray or an engine (the server
-manager is passed in).
+Layer 1 (utilities): the standard library, pydantic, torch, hydra and `chat_tokens`; never Ray or an engine (the
+server manager is passed in).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -35,8 +38,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import hydra
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from verl.experimental.agent_loop.chat_tokens import ChatTokenBuilder, MergeResult
 
@@ -52,6 +56,7 @@ __all__ = [
     "build_agent_loop",
     "get_trajectory_info",
     "register",
+    "rollout_trace_attr",
     "timed",
 ]
 
@@ -114,6 +119,27 @@ class AgentLoopOutput(BaseModel):
         return out
 
 
+class _InternalAgentLoopOutput(AgentLoopOutput):
+    """One episode padded for the batch, each tensor with a leading batch dimension of 1: `prompt_ids` left-padded
+    to `rollout.prompt_length`, `response_ids` / `response_mask` / `response_logprobs` right-padded to
+    `rollout.response_length`, `input_ids` / `attention_mask` / `position_ids` / `routed_experts` over both."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    attention_mask: torch.Tensor
+    response_logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    teacher_ids: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
+    multi_modal_inputs: dict[str, torch.Tensor] | None = None
+    extra_fields: dict[str, Any] = {}
+
+
 class DictConfigWrap:
     """A config handed to an agent loop, wrapped (verl: so hydra.utils.instantiate does not resolve it)."""
 
@@ -136,6 +162,20 @@ def timed(name: str, metrics: dict[str, float]) -> Iterator[None]:
         yield
     finally:
         metrics[name] = metrics.get(name, 0.0) + time.perf_counter() - start
+
+
+@contextmanager
+def rollout_trace_attr(sample_index: Any = None, step: Any = None, rollout_n: Any = None, name: str = "rollout_trace",
+                       validate: bool = False, trace: bool = True) -> Iterator[None]:  # fmt: skip
+    """verl tags one episode's trace with these attributes (weave / mlflow backends, not provided here); here, when
+    `trace`, the episode ends with a DEBUG log line of them and its seconds."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if trace:
+            logger.debug("%s step=%s sample_index=%s rollout_n=%s validate=%s: %.3f s", name, step, sample_index,
+                         rollout_n, validate, time.perf_counter() - start)  # fmt: skip
 
 
 def _has_media(messages: list[dict]) -> bool:
@@ -258,7 +298,7 @@ class AgentLoopBase(ABC):
 
 # ---------------------------------------------------------------------------------------------- registry
 _agent_loop_registry: dict[str, dict] = {}
-_registered_classes: dict[str, type] = {}  # "module.Class" -> class, for classes a module import cannot reach
+_registered_classes: dict[str, type] = {}  # "module.Class" -> class, also those a module import cannot reach
 
 
 def register(agent_name: str):
@@ -273,31 +313,24 @@ def register(agent_name: str):
     return decorator
 
 
-def _resolve_target(target: str) -> type:
-    if target in _registered_classes:
-        return _registered_classes[target]
-    module_name, _, attr = str(target).rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ImportError(f"agent loop class {target!r} cannot be imported ({type(err).__name__}: {err})") from err
-
-
 def build_agent_loop(agent_name: str, **kwargs: Any) -> AgentLoopBase:
-    """The loop registered as `agent_name`, constructed with its registry entry's keyword arguments plus `kwargs`
-    (verl: `hydra.utils.instantiate(entry, **kwargs)`). The package's import registered the built-in loops."""
+    """The loop registered as `agent_name`, constructed with its registry entry's keyword arguments plus `kwargs`:
+    a `@register`ed class directly, another entry by `hydra.utils.instantiate(config=entry, **kwargs)` (verl's way,
+    which imports its `_target_`). The package's import registered the built-in loops."""
     if agent_name not in _agent_loop_registry:
         raise ValueError(
             f"agent loop {agent_name!r} is not registered; registered: {sorted(_agent_loop_registry)} (register a "
             "class with @verl.experimental.agent_loop.register(name), or list it in "
             "actor_rollout_ref.rollout.agent.agent_loop_config_path)"
         )
-    entry = dict(_agent_loop_registry[agent_name])
-    target = entry.pop("_target_", None)
-    entry.pop("name", None)
+    entry = {key: value for key, value in _agent_loop_registry[agent_name].items() if key != "name"}
+    target = entry.get("_target_")
     if not target:
         raise ValueError(f"agent loop {agent_name!r}: its registry entry has no _target_ class path")
-    return _resolve_target(target)(**entry, **kwargs)
+    if target in _registered_classes:
+        entry.pop("_target_")
+        return _registered_classes[target](**entry, **kwargs)
+    return hydra.utils.instantiate(config=entry, **kwargs)
 
 
 async def get_trajectory_info(step: int, index: list, validate: bool) -> list[dict[str, Any]]:
@@ -307,3 +340,11 @@ async def get_trajectory_info(step: int, index: list, validate: bool) -> list[di
         repeat = repeat + 1 if i > 0 and index[i - 1] == sample_index else 0
         info.append({"step": step, "sample_index": sample_index, "rollout_n": repeat, "validate": validate})
     return info
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AgentLoopWorker":  # imported on first use: it needs the data protocol, which this module does not
+        from verl.experimental.agent_loop.agent_loop_worker import AgentLoopWorker
+
+        return AgentLoopWorker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

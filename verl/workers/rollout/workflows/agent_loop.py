@@ -1,21 +1,22 @@
 """The `agent_loop` workflow: verl 0.9.1's agent loops (`verl.experimental.agent_loop`) on the rank's engine.
 
 The trainer picks it when `rollout.multi_turn.enable=true`, when rows carry an `agent_name`, or when
-`rollout.agent.default_agent_loop` / `agent_loop_config_path` is set (`verl.trainer.main_ppo`). Per row:
-- the loop class named by the row's `agent_name` (default `rollout.agent.default_agent_loop`) is built as verl
-  builds it: `trainer_config` / `data_config` in `DictConfigWrap`, the server manager, the tokenizer, no
-  processor, `RLHFDataset` as `dataset_cls`, the tools of `multi_turn.tool_config_path` / `function_tool_path`
-  (loaded once per workflow) in `ToolListWrap`;
-- `await loop.run(sampling_params, **fields)` with verl's sampling parameters (`rollout.*`, `val_kwargs` when
-  validating, greedy as temperature 0, `logprobs` = `rollout.calculate_log_probs`) and the row's non-tensor
-  fields as verl's dataset gives them (`raw_prompt`, `extra_info`, `index`, `tools_kwargs` and
-  `interaction_kwargs` taken from `extra_info` when the row has no such column, ...; `agent_name` is not passed);
-- the `AgentLoopOutput` becomes the training row: its prompt ids left-padded to the batch's prompt width, its
-  response by `trajectory_row` with `response_mask` as the loss mask (tool-result tokens 0, attended) and its
-  log-probs as `rollout_log_probs`; non-tensor fields `__num_turns__` (verl's name: `num_turns/*` metrics),
-  `tool_rewards` and `turn_scores` (per-row lists: `agent_loop/tool_reward/*` metrics), `reward_score` (used as
-  the reward when every row of a batch has one, verl's `rm_scores`), `tool_extra_fields` (the loop's whole
-  `extra_fields`, merged into the reward function's `extra_info` as verl does) and `agent_loop_metrics`.
+`rollout.agent.default_agent_loop` / `agent_loop_config_path` is set (`verl.trainer.main_ppo`). The workflow
+holds one `AgentLoopWorker` (built with the trainer config `{actor_rollout_ref: {rollout}, data}` and the policy's
+tokenizer: it loads the tools once and checks the agent settings), and each row is one episode through it:
+- the row's non-tensor fields as verl's dataset gives them (`tools_kwargs` and `interaction_kwargs` taken from
+  `extra_info` when the row has no such column, `index` likewise; `agent_name`, default
+  `rollout.agent.default_agent_loop`, picks the loop and is not passed to it) and verl's sampling parameters for
+  this call (`rollout.*`, `val_kwargs` when validating, greedy as temperature 0, `logprobs` =
+  `rollout.calculate_log_probs`) go to `AgentLoopWorker._run_agent_loop`, with a server manager over the engine;
+- the episode is batched by `AgentLoopWorker._postprocess`, verl's post-processing, and the training row is its
+  rollout fields (`prompts` padded to `rollout.prompt_length`, which must be the batch's prompt width;
+  `response_mask` the loss mask: tool-result tokens 0 and attended; `rollout_log_probs` with
+  `rollout.calculate_log_probs`), the input row's non-tensor fields, and `__num_turns__` (verl's `num_turns/*`
+  metrics), the stable extra fields (`turn_scores`, `tool_rewards`: `agent_loop/tool_reward/*` metrics,
+  `min_global_steps`, `max_global_steps`, `extras`), `reward_score` (the loop's own score: the reward when every row
+  of a batch has one, verl's `rm_scores`), `tool_extra_fields` (the loop's whole `extra_fields`, merged into the
+  reward function's `extra_info` as verl's reward loop does) and `agent_loop_metrics`.
 
 `EngineServerManager` is the server manager a loop gets: `await generate(request_id=..., prompt_ids=...,
 sampling_params=...)` -> `TokenOutput`, one `AsyncRolloutEngine.agenerate` request, so the concurrent episodes
@@ -29,39 +30,29 @@ workflow_kwargs: `data_config` (the trainer's `data` section; main_ppo passes it
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import copy
 from typing import Any
 
-import numpy as np
+import torch
 from omegaconf import OmegaConf
 
-from verl.experimental.agent_loop.agent_loop import (
-    DictConfigWrap,
-    ToolListWrap,
-    _agent_loop_registry,
-    build_agent_loop,
-)
-from verl.experimental.agent_loop.tool_agent_loop import TRUNCATE_SIDES
-from verl.experimental.agent_loop.tool_parser import ToolParser
+from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+from verl.experimental.agent_loop.agent_loop_worker import STABLE_EXTRA_FIELDS, AgentLoopWorker, object_column
 from verl.protocol import DataProto
-from verl.tools.tool_registry import load_all_tools
-from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.async_engine import AsyncRolloutEngine, GenerationHyperparameters, ModelRequest
 from verl.workers.rollout.replica import TokenOutput
-from verl.workers.rollout.workflows.base import RolloutWorkflow, trajectory_row
-from verl.workers.rollout.workflows.environment import with_prompt
+from verl.workers.rollout.workflows.base import ROLLOUT_FIELDS, RolloutWorkflow
 
 __all__ = ["AgentLoopWorkflow", "EngineServerManager", "sampling_params_of"]
 
-PROJECT_ROOT = str(Path(__file__).resolve().parents[4])  # the folder holding the verl package
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "stop",
                  "stop_token_ids", "repetition_penalty", "n")  # fmt: skip
 
 
 def sampling_params_of(engine: AsyncRolloutEngine) -> dict[str, Any]:
-    """verl's per-sample sampling parameters for this call (`AgentLoopWorker.generate_sequences`): the engine's
-    sampling (rollout.* or val_kwargs; greedy as temperature 0) and `logprobs` = `rollout.calculate_log_probs`."""
+    """The keys `AgentLoopWorker.generate_sequences` sends, from the engine's sampling for this call (rollout.* or
+    val_kwargs, greedy as temperature 0, also when meta_info["do_sample"] is false) and `logprobs` =
+    `rollout.calculate_log_probs`."""
     g = engine.default_gconfig()
     return {
         "temperature": 0.0 if g.greedy else float(g.temperature),
@@ -137,57 +128,23 @@ class EngineServerManager:
         ), budget  # fmt: skip
 
 
-def _one(value: Any) -> np.ndarray:
-    """A one-row object column holding `value` as it is (a list stays one object)."""
-    column = np.empty(1, dtype=object)
-    column[0] = value
-    return column
-
-
 class AgentLoopWorkflow(RolloutWorkflow):
     """verl's agent loops as a rollout workflow (see the module docstring)."""
 
     extra_output_keys = {
-        "__num_turns__": "object",
-        "reward_score": "object",
-        "tool_rewards": "object",
-        "turn_scores": "object",
-        "tool_extra_fields": "object",
-        "agent_loop_metrics": "object",
+        key: "object"
+        for key in ("__num_turns__", *STABLE_EXTRA_FIELDS, "reward_score", "tool_extra_fields", "agent_loop_metrics")
     }
 
     def __init__(self, config: Any, tokenizer: Any, data_config: Any = None):
         super().__init__(config, tokenizer)
         data = OmegaConf.to_container(data_config, resolve=True) if OmegaConf.is_config(data_config) else data_config
-        self.data_config = OmegaConf.create(dict(data or {}))
-        self.trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": config}, "data": self.data_config})
-        multi_turn = config.get("multi_turn", None) or {}
-        side = multi_turn.get("tool_response_truncate_side", "middle")
-        if side not in TRUNCATE_SIDES:
-            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side={side!r} is not "
-                             f"supported: verl's tool agent loop truncates at {list(TRUNCATE_SIDES)}")  # fmt: skip
-        fmt = multi_turn.get("format", "hermes")
-        try:
-            ToolParser.get_tool_parser(fmt, tokenizer)
-        except ValueError as err:
-            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format={fmt!r}: {err}") from None
-        self.tools = load_all_tools(
-            _existing(multi_turn.get("tool_config_path", None), "multi_turn.tool_config_path"),
-            _existing(multi_turn.get("function_tool_path", None), "multi_turn.function_tool_path"),
-        )
-        agent = config.get("agent", None) or {}
-        config_path = _existing(agent.get("agent_loop_config_path", None), "agent.agent_loop_config_path")
-        if config_path:  # verl: a YAML list of {name, _target_, ...constructor arguments}
-            for entry in OmegaConf.to_container(OmegaConf.load(config_path), resolve=True):
-                _agent_loop_registry[entry["name"]] = dict(entry)
-        self.default_agent_loop = str(agent.get("default_agent_loop", None) or "single_turn_agent")
-        if self.default_agent_loop not in _agent_loop_registry:
-            raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop={self.default_agent_loop!r} is not a "
-                             f"registered agent loop; registered: {sorted(_agent_loop_registry)}")  # fmt: skip
+        trainer_config = OmegaConf.create({"actor_rollout_ref": {"rollout": config}, "data": dict(data or {})})
+        self.worker = AgentLoopWorker(trainer_config, llm_client=None, tokenizer=tokenizer)
 
     async def arun_episode(self, engine: AsyncRolloutEngine, data: DataProto) -> DataProto:
         fields = {key: values[0] for key, values in data.non_tensor_batch.items()}
-        agent_name = str(fields.pop("agent_name", None) or self.default_agent_loop)
+        agent_name = str(fields.pop("agent_name", None) or self.worker.default_agent_loop)
         if "raw_prompt" not in fields:
             raise KeyError("verl's agent loops read the chat `raw_prompt`: set data.return_raw_chat=true")
         extra_info = fields.get("extra_info") if isinstance(fields.get("extra_info"), dict) else {}
@@ -195,46 +152,33 @@ class AgentLoopWorkflow(RolloutWorkflow):
             if fields.get(key) is None:
                 fields[key] = extra_info.get(key) or {}
         fields.setdefault("index", extra_info.get("index", 0))
-        module = getattr(engine.rollout, "module", None)
-        loop = build_agent_loop(
-            agent_name,
-            trainer_config=DictConfigWrap(self.trainer_config),
-            server_manager=EngineServerManager(engine),
-            tokenizer=self.tokenizer,
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(self.data_config),
-            hf_model_type=getattr(getattr(module, "config", None), "model_type", None),
-            tools=ToolListWrap(self.tools),
-        )
-        output = await loop.run(sampling_params_of(engine), **fields)
-        if output.multi_modal_data:
-            raise NotImplementedError(f"agent loop {agent_name!r} returned multi-modal data, not supported here")
-        prompt = with_prompt(data, list(output.prompt_ids), engine.pad_token_id)
-        row = trajectory_row(engine, prompt, list(output.response_ids), list(output.response_mask),
-                             None if output.response_logprobs is None else list(output.response_logprobs))  # fmt: skip
-        extra = dict(output.extra_fields)
-        row.non_tensor_batch.update(
-            {
-                "__num_turns__": _one(int(output.num_turns)),
-                "reward_score": _one(output.reward_score),
-                "tool_rewards": _one([float(r) for r in extra.get("tool_rewards") or []]),
-                "turn_scores": _one(list(extra.get("turn_scores") or [])),
-                "tool_extra_fields": _one(extra),
-                "agent_loop_metrics": _one(output.metrics.model_dump()),
-            }
-        )
-        return row
+        worker = copy.copy(self.worker)  # this engine's server manager and model type, the rest shared
+        worker.llm_client = EngineServerManager(engine)
+        worker.hf_model_type = getattr(getattr(getattr(engine.rollout, "module", None), "config", None), "model_type",
+                                       None)  # fmt: skip
+        validate = bool(data.meta_info.get("validate", False))
+        [trajectory] = await get_trajectory_info(data.meta_info.get("global_steps", -1), [fields["index"]], validate)
+        episode = await worker._run_agent_loop(sampling_params_of(engine), trajectory, agent_name=agent_name,
+                                               **fields)  # fmt: skip
+        batch = worker._postprocess([episode], input_non_tensor_batch=dict(data.non_tensor_batch), validate=validate)
+        return self._training_row(engine, data, batch, episode.reward_score, episode.extra_fields)
 
-
-def _existing(path: Any, key: str) -> str | None:
-    """`path` as an absolute file path: as given, else under the working directory, else under the project root
-    (verl's `resolve_config_path`: a Ray worker's working directory may not be the driver's)."""
-    if not path:
-        return None
-    path = str(path)
-    candidates = [path] if os.path.isabs(path) else [os.path.join(os.getcwd(), path), os.path.join(PROJECT_ROOT, path)]
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            return os.path.abspath(candidate)
-    raise FileNotFoundError(f"actor_rollout_ref.rollout.{key}={path!r} is not a file")
+    def _training_row(self, engine: AsyncRolloutEngine, data: DataProto, batch: DataProto, reward_score: Any,
+                      extra_fields: dict) -> DataProto:  # fmt: skip
+        """The row of the workflow contract out of `_postprocess`'s one-episode batch (see the module docstring)."""
+        width = data.batch["input_ids"].shape[-1]
+        if batch.batch["prompts"].shape[-1] != width:
+            raise ValueError(f"actor_rollout_ref.rollout.prompt_length={self.config.prompt_length} differs from the "
+                             f"batch's prompt width {width}: set it to data.max_prompt_length")  # fmt: skip
+        tensors = {key: batch.batch[key] for key in ROLLOUT_FIELDS}
+        if engine.config.get("calculate_log_probs", False):
+            zeros = torch.zeros(batch.batch["responses"].shape, dtype=torch.float32)
+            tensors["rollout_log_probs"] = batch.batch.get("rollout_log_probs", zeros)
+        columns = batch.non_tensor_batch
+        non_tensors = {key: columns[key] for key in (*data.non_tensor_batch, "__num_turns__", *STABLE_EXTRA_FIELDS)}
+        non_tensors.update(
+            reward_score=object_column([reward_score]),
+            tool_extra_fields=object_column([dict(extra_fields)]),
+            agent_loop_metrics=object_column(batch.meta_info["metrics"]),
+        )
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
