@@ -85,3 +85,22 @@ def test_a_subclass_that_skips_worker_init_gets_a_clear_error():
 
     with pytest.raises(RuntimeError, match=r"Broken.__init__ must call Worker.__init__"):
         Broken().get_master_addr_port()
+
+
+def test_a_fused_role_copies_another_workers_meshes_once(clean_env):
+    ref, actor, fused = Worker(), Worker(), Worker()
+    ref._register_dispatch_collect_info("ref", dp_rank=0, is_collect=True)
+    actor._register_dispatch_collect_info("actor", dp_rank=3, is_collect=False)
+    fused.set_dispatch_collect("ref", **ref.get_dispatch_collect())
+    fused.set_dispatch_collect("actor", **actor.get_dispatch_collect())
+    assert fused.get_dispatch_collect() == {
+        "dispatch_dp_rank": {"ref": 0, "actor": 3},
+        "collect_dp_rank": {"ref": True, "actor": False},
+    }
+    assert fused._query_dispatch_info("actor") == 3 and fused._query_collect_info("ref") is True
+    with pytest.raises(AssertionError, match=r"actor is already registered, \['ref', 'actor'\]"):
+        fused.set_dispatch_collect("actor", **actor.get_dispatch_collect())
+    with pytest.raises(ValueError, match="mesh_name ref has been registered"):
+        ref._register_dispatch_collect_info("ref", dp_rank=1, is_collect=False)
+    # not fused: no roles of its own
+    assert fused.fused_worker_dict == {} and fused.get_fused_worker_by_name("actor") is None

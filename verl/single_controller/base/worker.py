@@ -12,7 +12,8 @@ and the group hands them to the other ranks.
 A Worker never initialises torch.distributed itself: the model workers do that in their `init_model`
 (`verl.utils.fsdp_utils.init_distributed()`, which reads the same variables), so the roles fused into one
 process share one process group. Also owns the per-mesh data-parallel ranks a worker registers for verl's nd
-dispatch (`_register_dispatch_collect_info`). Must not import trainer or worker (layer 7) code.
+dispatch (`_register_dispatch_collect_info`) and, for fused roles (`verl.single_controller.ray.colocate`), the
+roles of its process (`fused_worker_dict`, empty for a worker that is not fused). Must not import trainer or worker (layer 7) code.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class Worker:
                 f"rank {self._rank}: MASTER_ADDR and MASTER_PORT must be set for ranks other than 0 "
                 f"(got MASTER_ADDR={self._master_addr!r}, MASTER_PORT={self._master_port!r})"
             )
+        self.fused_worker_dict: dict[str, Worker] = {}  # the roles of this process when fused (by role)
         self._num_threads = set_torch_threads_from_env()
         exit_when_raylet_dies(self._rank)
         # this device's speed-ups for the process (verl.cpu on a CPU: allocator, BLAS and thread policy; none on GPU)
@@ -166,6 +168,10 @@ class Worker:
     def local_rank(self) -> int:
         """This worker's index among the group's workers on its node."""
         return self._local_rank
+
+    def get_fused_worker_by_name(self, worker_name: str) -> Worker | None:
+        """The fused role `worker_name` of this process (None when there is no such role)."""
+        return self.fused_worker_dict.get(worker_name)
 
     def get_master_addr_port(self) -> tuple[str, str]:
         """`(MASTER_ADDR, MASTER_PORT)` of the group, as chosen by rank 0."""
@@ -224,10 +230,11 @@ class Worker:
     def set_dispatch_collect(
         self, mesh_name: str, dispatch_dp_rank: dict[str, int], collect_dp_rank: dict[str, bool]
     ) -> None:
-        """Register `mesh_name` from another worker's `get_dispatch_collect()` values (fused workers)."""
+        """Register `mesh_name` from another worker's `get_dispatch_collect()` values (fused workers); a mesh
+        already registered raises AssertionError, as in verl."""
         dispatch, collect = self._mesh_info()
         if mesh_name in dispatch or mesh_name in collect:
-            raise ValueError(f"{mesh_name} is already registered, {list(dispatch)}")
+            raise AssertionError(f"{mesh_name} is already registered, {list(dispatch)}")  # verl's error type
         for dp_rank in dispatch_dp_rank.values():
             dispatch[mesh_name] = dp_rank
         for is_collect in collect_dp_rank.values():

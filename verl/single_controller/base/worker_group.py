@@ -1,8 +1,8 @@
 """`WorkerGroup`: what every worker group does the same way, whatever runs its workers.
 
 Owns exposing a Worker class's `@register`ed methods as methods of the group (`group.name(...)` calls
-`_call`, then waits for the result unless the method is registered with `blocking=False`) and `spawn`, one
-handle per fused role of a `create_colocated_worker_cls` class. Subclasses (`RayWorkerGroup`: Ray actors;
+`_call`, then waits for the result unless the method is registered with `blocking=False`), `spawn`, one
+handle per fused role of a `create_colocated_worker_cls` class, and `fuse`, those handles as `group.<role>`. Subclasses (`RayWorkerGroup`: Ray actors;
 `LocalWorkerGroup`: the worker inside the driver) say how a call runs (`_call`, returning an object with
 `.get()`) and which of their fields a role handle shares (`_share_with`). Knows nothing about Ray.
 """
@@ -61,3 +61,10 @@ class WorkerGroup:
             handle._bind_methods(roles[role], method_prefix=f"{role}_")
             handles[role] = handle
         return handles
+
+    def fuse(self, prefix_set: Iterable[str]) -> None:
+        """`spawn`'s role handles set as attributes of this group: `group.actor.add(...)` (verl's fused group)."""
+        for role, handle in self.spawn(prefix_set).items():
+            if not isinstance(getattr(self, role, handle), WorkerGroup):
+                raise ValueError(f"role {role!r} clashes with the worker group attribute of that name")
+            setattr(self, role, handle)

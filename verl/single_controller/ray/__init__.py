@@ -7,6 +7,8 @@ from verl.single_controller.ray.base import (
     WorkerDiedError,
     WorkerGroupFuture,
     create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
 )
 
 __all__ = [
@@ -16,4 +18,6 @@ __all__ = [
     "WorkerDiedError",
     "WorkerGroupFuture",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
 ]

@@ -1,8 +1,9 @@
-"""Worker groups on Ray: resource pools (placement groups), one Ray actor per process, fused (colocated) roles.
+"""Worker groups on Ray: one Ray actor per process of a resource pool, driven as one object.
 
-Owns `RayResourcePool`, `RayClassWithInitArgs`, `RayWorkerGroup`, `WorkerGroupFuture`, `WorkerDiedError` and
-`create_colocated_worker_cls`. Library code here never calls `ray.init`: the trainer (or a test fixture) starts
-Ray first. Must not import trainer or worker (layer 7) code.
+Owns `RayWorkerGroup`, `WorkerGroupFuture` and `WorkerDiedError`; re-exports the resources (`RayResourcePool`,
+`RayClassWithInitArgs`, from `resource_pool`) and the fused workers (`create_colocated_worker_cls`,
+`create_colocated_worker_raw_cls`, from `colocate`), verl's import path for them. Library code here never calls
+`ray.init`: the trainer (or a test fixture) starts Ray first. Must not import trainer or worker (layer 7) code.
 
 A call on a group, e.g. `critic_wg.compute_values(batch)`, runs the `@register`ed method of the same name on
 every actor: the decorator's dispatch mode splits the arguments per rank, every rank runs, the outputs are
@@ -21,7 +22,6 @@ ranks are still busy; with `call_timeout_s` set, a call still unfinished after t
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.protocol import DataProtoFuture
@@ -38,12 +38,16 @@ from verl.single_controller.base.decorator import (
     RegisterAttrs,
     collect_outputs,
     dispatch_calls,
-    register,
-    registered_methods,
     runs_on_rank_zero_only,
 )
-from verl.single_controller.base.worker import NUM_THREADS_ENV, Worker
+from verl.single_controller.base.worker import ENV_KEYS, NUM_THREADS_ENV, Worker
 from verl.single_controller.base.worker_group import WorkerGroup
+from verl.single_controller.ray.colocate import (
+    FUSED_METHOD_SEP,
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
 from verl.single_controller.ray.nodes import (
     NEVER_STARTED,
     NODE_CHECK_S,
@@ -54,143 +58,18 @@ from verl.single_controller.ray.nodes import (
     never_started_cause,
     wait_for_lost_nodes,
 )
+from verl.single_controller.ray.resource_pool import RayClassWithInitArgs, RayResourcePool, require_ray
 from verl.utils import acceleration
 from verl.utils.acceleration import WORKER_DEVICE_ENV
 
-# How long to wait for a resource pool's placement groups before saying the cluster is too small.
-PLACEMENT_GROUP_TIMEOUT_S = 120.0
 # Ray's setting of its workers' nice value (Ray's default 15); the driver's value, else 0, is passed to every worker.
 WORKER_NICENESS_ENV = "RAY_worker_niceness"
-
-
-def _require_ray() -> None:
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "Ray is not initialised: call ray.init() before creating resource pools or worker groups "
-            "(the trainer does this in main_ppo; tests use the ray_session fixture)"
-        )
-
-
-def _cpu_gpu(resources: dict[str, float]) -> dict[str, float]:
-    return {key: resources[key] for key in ("CPU", "GPU") if key in resources}
+# What a group sets to place each rank; `worker_env` may not change these (verl's "protected system env").
+GROUP_ENV_KEYS = (*ENV_KEYS, NUM_THREADS_ENV, WORKER_DEVICE_ENV, "RAY_LOCAL_WORLD_SIZE", "WG_PREFIX", "WG_BACKEND")
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process of a group died (or Ray lost it) while a call on the group was pending."""
-
-
-# --------------------------------------------------------------------------------------------- resources
-class RayResourcePool:
-    """`process_on_nodes[i]` processes on node i, reserved as one Ray placement group per node.
-
-    Each process gets one bundle: `{"CPU": cpus_per_process}` on CPU, `{"CPU": 1, "GPU": 1}` on GPU. Up to
-    `max_colocate_count` worker groups may share a bundle, each taking an equal share of it (to put several
-    roles in *one* process, fuse them with `create_colocated_worker_cls` instead).
-    """
-
-    def __init__(
-        self,
-        process_on_nodes: list[int],
-        use_gpu: bool = False,
-        max_colocate_count: int = 1,
-        name_prefix: str = "",
-        accelerator_type: str | None = None,
-        cpus_per_process: float = 1,
-    ) -> None:
-        process_on_nodes = list(process_on_nodes)
-        if not process_on_nodes or any(not isinstance(n, int) or n < 1 for n in process_on_nodes):
-            raise ValueError(f"process_on_nodes must be a non-empty list of positive ints, got {process_on_nodes!r}")
-        if not isinstance(max_colocate_count, int) or max_colocate_count < 1:
-            raise ValueError(f"max_colocate_count must be a positive int, got {max_colocate_count!r}")
-        if not cpus_per_process > 0:
-            raise ValueError(f"cpus_per_process must be > 0, got {cpus_per_process!r}")
-        self.process_on_nodes = process_on_nodes
-        self.use_gpu = bool(use_gpu)
-        self.max_colocate_count = max_colocate_count
-        self.name_prefix = name_prefix
-        self.accelerator_type = accelerator_type
-        self.cpus_per_process = 1 if self.use_gpu else cpus_per_process
-        self._placement_groups: list[PlacementGroup] | None = None
-
-    @property
-    def world_size(self) -> int:
-        """The number of processes (bundles) in the pool."""
-        return sum(self.process_on_nodes)
-
-    def bundle(self) -> dict[str, float]:
-        """The resources reserved for one process."""
-        bundle: dict[str, float] = {"CPU": self.cpus_per_process}
-        if self.use_gpu:
-            bundle["GPU"] = 1
-        if self.accelerator_type is not None:
-            bundle[f"accelerator_type:{self.accelerator_type}"] = 1e-3
-        return bundle
-
-    def actor_resources(self) -> dict[str, float]:
-        """The Ray actor options `num_cpus` / `num_gpus` of one worker: its share of a bundle."""
-        resources = {"num_cpus": self.cpus_per_process / self.max_colocate_count}
-        if self.use_gpu:
-            resources["num_gpus"] = 1 / self.max_colocate_count
-        return resources
-
-    def num_threads_per_process(self) -> int:
-        """torch threads for one worker: its whole-CPU share of a bundle, at least 1."""
-        return max(1, math.floor(self.cpus_per_process / self.max_colocate_count))
-
-    def get_placement_groups(self, strategy: str = "STRICT_PACK", detached: bool = False) -> list[PlacementGroup]:
-        """The pool's placement groups (one per node), created and waited for on the first call."""
-        if self._placement_groups is not None:
-            return self._placement_groups
-        _require_ray()
-        lifetime = "detached" if detached else None
-        pgs = [
-            placement_group(
-                [self.bundle() for _ in range(n)],
-                strategy=strategy,
-                name=f"{self.name_prefix}verl_pool_{uuid.uuid4().hex[:8]}_{i}",
-                lifetime=lifetime,
-            )
-            for i, n in enumerate(self.process_on_nodes)
-        ]
-        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=PLACEMENT_GROUP_TIMEOUT_S)
-        if len(ready) < len(pgs):
-            for pg in pgs:
-                remove_placement_group(pg)
-            raise RuntimeError(
-                f"resource pool {self.name_prefix!r} could not reserve {self.process_on_nodes} processes of "
-                f"{self.bundle()} each within {PLACEMENT_GROUP_TIMEOUT_S:.0f} s; Ray has "
-                f"{_cpu_gpu(ray.available_resources())} available of {_cpu_gpu(ray.cluster_resources())}"
-            )
-        self._placement_groups = pgs
-        return pgs
-
-    def remove_placement_groups(self) -> None:
-        """Give the pool's resources back to Ray; this kills every actor placed on the pool."""
-        for pg in self._placement_groups or []:
-            remove_placement_group(pg)
-        self._placement_groups = None
-
-
-class RayClassWithInitArgs:
-    """A Worker class (plain or `ray.remote`'d) with the arguments for its `__init__` and extra Ray actor
-    options (`update_options({"runtime_env": {...}})`, ...), to be instantiated once per rank."""
-
-    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
-        self.cls = cls
-        self.args = args
-        self.kwargs = kwargs
-        self.options: dict[str, Any] = {}
-
-    def update_options(self, options: dict[str, Any]) -> None:
-        """Add Ray actor options (as for `ActorClass.options`); later calls override earlier keys."""
-        if not isinstance(options, dict):
-            raise TypeError(f"options must be a dict of Ray actor options, got {type(options).__name__}")
-        self.options.update(options)
-
-    @property
-    def user_cls(self) -> type:
-        """The plain Python class (unwrapped when `cls` is a `ray.remote` actor class)."""
-        return getattr(self.cls, "__ray_actor_class__", self.cls)
 
 
 # ------------------------------------------------------------------------------------------------ futures
@@ -374,17 +253,37 @@ def put_shared_arguments(
     return args, kwargs
 
 
+def _check_worker_env(worker_env: dict[str, str] | None) -> dict[str, str]:
+    """The extra environment variables of every worker: a dict of str to str not setting any of GROUP_ENV_KEYS."""
+    if worker_env is None:
+        return {}
+    if not isinstance(worker_env, dict):
+        raise TypeError(f"worker_env must be a dict of environment variables, got {type(worker_env).__name__}")
+    bad = {key: value for key, value in worker_env.items() if not (isinstance(key, str) and isinstance(value, str))}
+    if bad:
+        raise TypeError(f"worker_env names and values must be strings, got {bad!r}")
+    protected = sorted(set(worker_env) & set(GROUP_ENV_KEYS))
+    if protected:
+        raise ValueError(f"worker_env cannot override {protected}: the worker group sets {list(GROUP_ENV_KEYS)}")
+    return dict(worker_env)
+
+
 class RayWorkerGroup(WorkerGroup):
     """One Ray actor of `ray_cls_with_init` per bundle of `resource_pool`, driven as one object.
 
-    Every `@register`ed method of the class becomes a method of the group (see the module doc). Each actor
-    is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-    VERL_NUM_THREADS and VERL_WORKER_DEVICE set (plus the device's `worker_env`, `verl.utils.acceleration`), at nice 0 (Ray's default is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node
-    IP) and a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node; LOCAL_RANK is
-    the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so `cuda:LOCAL_RANK`
-    is its device). `bin_pack=True` keeps each node's processes on one node
-    (STRICT_PACK placement groups; False: PACK). `detached=True` names the actors and lets them outlive the
-    driver. For a fused class (`create_colocated_worker_cls`) use `spawn` to get one handle per role.
+    Every `@register`ed method of the class becomes a method of the group (see the module doc); any method,
+    registered or not, can also be called by name on every rank (`execute_all_sync`, ...) or on rank 0
+    (`execute_rank_zero_sync`, ...). Each actor is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+    (also as verl's RAY_LOCAL_WORLD_SIZE), MASTER_ADDR, MASTER_PORT, WG_PREFIX (the name prefix), WG_BACKEND=ray,
+    VERL_NUM_THREADS and VERL_WORKER_DEVICE set (plus the device's `worker_env`, `verl.utils.acceleration`, and
+    then the caller's `worker_env`, which may not set any of the variables named before), at nice 0 (Ray's default
+    is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node IP) and
+    a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node;
+    LOCAL_RANK is the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so
+    `cuda:LOCAL_RANK` is its device). `bin_pack=True` keeps each node's processes on one node (STRICT_PACK
+    placement groups; False: PACK). `detached=True` names the actors and lets them outlive the driver. For a
+    fused class (`create_colocated_worker_cls`) use `spawn` to get one handle per role, or `fuse` to set them
+    as attributes of the group.
     """
 
     requires_ray = True  # the trainer checks Ray's resources before creating groups of this class
@@ -397,11 +296,18 @@ class RayWorkerGroup(WorkerGroup):
         bin_pack: bool = True,
         detached: bool = False,
         call_timeout_s: float | None = None,
+        worker_env: dict[str, str] | None = None,
     ) -> None:
-        _require_ray()
+        require_ray()
         user_cls = ray_cls_with_init.user_cls
         if not (isinstance(user_cls, type) and issubclass(user_cls, Worker)):
             raise TypeError(f"a worker group needs a subclass of verl Worker, got {user_cls!r}")
+        if ray_cls_with_init.fused_worker_used and not getattr(user_cls, "is_fused_worker", False):
+            raise TypeError(
+                f"fused_worker_used is set but {user_cls.__name__} is not a fused class; make it with "
+                "create_colocated_worker_raw_cls (or create_colocated_worker_cls)"
+            )
+        self.worker_env = _check_worker_env(worker_env)
         if call_timeout_s is not None and not call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be None (no timeout) or > 0 seconds, got {call_timeout_s!r}")
         self.resource_pool = resource_pool
@@ -453,6 +359,9 @@ class RayWorkerGroup(WorkerGroup):
                     "LOCAL_RANK": "0" if pool.use_gpu else str(local_rank),
                     "RAY_LOCAL_RANK": str(local_rank),
                     "LOCAL_WORLD_SIZE": str(n_local),
+                    "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                    "WG_PREFIX": self.name_prefix,
+                    "WG_BACKEND": "ray",
                     NUM_THREADS_ENV: str(pool.num_threads_per_process()),
                     **master,
                 }
@@ -464,6 +373,7 @@ class RayWorkerGroup(WorkerGroup):
                 # Ray runs its workers at nice 15: any process at the default priority (the driver, Ray's own
                 # daemons, the user's other jobs) then preempts the worker doing all the compute
                 env_vars[WORKER_NICENESS_ENV] = os.environ.get(WORKER_NICENESS_ENV, "0")
+                env_vars.update(self.worker_env)
                 options = dict(cls_with_init.options)
                 runtime_env = dict(options.pop("runtime_env", None) or {})
                 runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
@@ -499,87 +409,54 @@ class RayWorkerGroup(WorkerGroup):
 
         return WorkerGroupFuture(refs, ranks, finish, name, self.label, self.call_timeout_s, self._rank_nodes)
 
+    def _remote(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> ray.ObjectRef:
+        """Start worker method `method_name` on `rank` (a role handle: the role's method, via `_fuw_execute`)."""
+        if self.role is not None:
+            return self._workers[rank]._fuw_execute.remote(
+                f"{self.role}{FUSED_METHOD_SEP}{method_name}", *args, **kwargs
+            )
+        return getattr(self._workers[rank], method_name).remote(*args, **kwargs)
+
+    def _wait(self, refs: list[ray.ObjectRef], method_name: str) -> list[Any]:
+        """The outputs of `refs` (ranks 0, 1, ...), with the group's timeout and death detection."""
+        ranks = list(range(len(refs)))
+        return WorkerGroupFuture(
+            refs, ranks, list, method_name, self.label, self.call_timeout_s, self._rank_nodes
+        ).get()
+
+    def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Start worker method `method_name` (registered or not) on every rank; one ObjectRef per rank. When
+        every argument is a list of `world_size` items, rank i gets item i of each (verl's rule); otherwise
+        every rank gets the arguments as they are."""
+        n = self.world_size
+        if all(isinstance(value, list) and len(value) == n for value in (*args, *kwargs.values())):
+            per_rank = [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(n)]
+        else:
+            per_rank = [(args, kwargs)] * n
+        return [self._remote(rank, method_name, *per_rank[rank]) for rank in range(n)]
+
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """`execute_all_async`, waited for: the outputs in rank order."""
+        return self._wait(self.execute_all_async(method_name, *args, **kwargs), method_name)
+
+    def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+        """Start worker method `method_name` on rank 0 with the arguments as they are."""
+        return self._remote(0, method_name, args, kwargs)
+
+    def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """`execute_rank_zero_async`, waited for: rank 0's output."""
+        return self._wait([self.execute_rank_zero_async(method_name, *args, **kwargs)], method_name)[0]
+
+    execute_all = execute_all_async  # verl's names for the non-blocking calls
+    execute_rank_zero = execute_rank_zero_async
+
     def _share_with(self, handle: RayWorkerGroup) -> None:
         handle.resource_pool = self.resource_pool
         handle.name_prefix = self.name_prefix
         handle.call_timeout_s = self.call_timeout_s
+        handle.worker_env = self.worker_env
         handle._workers = self._workers
         handle._rank_nodes = self._rank_nodes
-
-
-# ------------------------------------------------------------------------------------------ colocation
-def _forward_to_role(role: str, name: str) -> Callable:
-    def method(self: Worker, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.fused_worker_dict[role], name)(*args, **kwargs)
-
-    method.__name__ = f"{role}_{name}"
-    return method
-
-
-def _merge_options(class_dict: dict[str, RayClassWithInitArgs]) -> dict[str, Any]:
-    """The roles' Ray options as one dict (runtime_env env_vars merged); conflicting values raise."""
-    merged: dict[str, Any] = {}
-    env_vars: dict[str, str] = {}
-    for role, cls_with_init in class_dict.items():
-        for key, value in cls_with_init.options.items():
-            if key == "runtime_env":
-                value = dict(value)
-                for var, var_value in (value.pop("env_vars", None) or {}).items():
-                    if env_vars.setdefault(var, var_value) != var_value:
-                        raise ValueError(
-                            f"role {role!r} sets env var {var}={var_value!r}, another role {env_vars[var]!r}"
-                        )
-            if key in merged and merged[key] != value:
-                raise ValueError(f"role {role!r} sets Ray option {key}={value!r}, another role {merged[key]!r}")
-            merged[key] = value
-    if env_vars:
-        merged["runtime_env"] = {**merged.get("runtime_env", {}), "env_vars": env_vars}
-    return merged
-
-
-def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
-    """Fuse several roles (`{role: RayClassWithInitArgs}`) into one Worker class, one process per bundle.
-
-    The fused worker holds one instance per role (`self.fused_worker_dict[role]`), all in one process and
-    so on one device, sharing the rank's environment (and so one torch.distributed process group). Each
-    registered method `m` of a role becomes `{role}_{m}` on the fused class with the same dispatch settings;
-    `RayWorkerGroup(pool, fused).spawn(prefix_set=class_dict.keys())` gives a handle per role with the
-    role's own method names.
-    """
-    if not class_dict:
-        raise ValueError("create_colocated_worker_cls needs at least one role, got an empty class_dict")
-    roles: dict[str, type] = {}
-    init_args: dict[str, tuple[tuple, dict]] = {}
-    for role, cls_with_init in class_dict.items():
-        if not isinstance(role, str) or not role.isidentifier():
-            raise ValueError(f"role names must be Python identifiers (they prefix method names), got {role!r}")
-        if not isinstance(cls_with_init, RayClassWithInitArgs):
-            raise TypeError(f"class_dict[{role!r}] must be a RayClassWithInitArgs, got {type(cls_with_init).__name__}")
-        user_cls = cls_with_init.user_cls
-        if not (isinstance(user_cls, type) and issubclass(user_cls, Worker)):
-            raise TypeError(f"class_dict[{role!r}] must hold a subclass of verl Worker, got {user_cls!r}")
-        roles[role] = user_cls
-        init_args[role] = (cls_with_init.args, cls_with_init.kwargs)
-
-    class FusedWorker(Worker):
-        fused_roles = dict(roles)
-
-        def __init__(self, role_init_args: dict[str, tuple[tuple, dict]]) -> None:
-            super().__init__()
-            self.fused_worker_dict = {
-                role: self.fused_roles[role](*args, **kwargs) for role, (args, kwargs) in role_init_args.items()
-            }
-
-    for role, user_cls in roles.items():
-        for name, attrs in registered_methods(user_cls).items():
-            method = _forward_to_role(role, name)
-            method = register(attrs.dispatch_mode, attrs.execute_mode, attrs.blocking)(method)
-            setattr(FusedWorker, method.__name__, method)
-    FusedWorker.__name__ = FusedWorker.__qualname__ = "FusedWorker_" + "_".join(roles)
-
-    fused = RayClassWithInitArgs(FusedWorker, role_init_args=init_args)
-    fused.update_options(_merge_options(class_dict))
-    return fused
 
 
 __all__ = [
@@ -589,4 +466,6 @@ __all__ = [
     "WorkerDiedError",
     "WorkerGroupFuture",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
 ]
