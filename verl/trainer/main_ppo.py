@@ -56,6 +56,19 @@ def _check_paths(config: DictConfig) -> None:
         for f in _as_list(config.data.get(key)):
             if not os.path.isfile(f):
                 raise FileNotFoundError(f"data.{key}: no such file {f!r}; {MAKE_DATA_HINT}")
+    from verl.trainer.ppo.utils import need_critic, need_reward_model
+    from verl.utils.import_utils import import_external_libs
+    from verl.utils.model_path import resolve_model_paths
+
+    keys = ["actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer"]
+    if need_critic(config):
+        keys += ["critic.model.path", "critic.model.tokenizer_path"]
+    if need_reward_model(config):
+        keys.append("reward.reward_model.model_path")
+    resolve_model_paths(config, keys)  # hub ids -> cached folders, before Ray: every worker gets a folder
+    import_external_libs(config.actor_rollout_ref.model.external_lib, "actor_rollout_ref.model.external_lib")
+    if need_critic(config):
+        import_external_libs(config.critic.model.external_lib, "critic.model.external_lib")
     model_path = config.actor_rollout_ref.model.path
     if not os.path.isdir(model_path):
         raise FileNotFoundError(
@@ -121,8 +134,7 @@ def _check_domains(config: DictConfig):
 
 def _check_model_is_causal_lm(model_path: str) -> None:
     """The model folder must hold an HF config of a causal LM (checked before Ray and the workers start)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
 
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise FileNotFoundError(
@@ -133,7 +145,7 @@ def _check_model_is_causal_lm(model_path: str) -> None:
     architectures = list(getattr(hf_config, "architectures", None) or [])
     # an architecture list naming no LM head (e.g. BertModel) is an encoder checkpoint, even if the type has one
     headless = architectures and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or headless:
+    if type(hf_config) not in MODEL_FOR_CAUSAL_LM_MAPPING or headless:  # external_lib may register more
         raise ValueError(
             f"actor_rollout_ref.model.path={model_path!r} is a {model_type!r} model, not a causal LM "
             f"(AutoModelForCausalLM supports e.g. qwen2, llama, gpt2)"

@@ -8,6 +8,7 @@ section leaves out take the dataclass's defaults, which are verl's.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import typing
 from dataclasses import fields, is_dataclass
@@ -16,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["omega_conf_to_dataclass", "section_path"]
+__all__ = ["omega_conf_to_dataclass", "plain_config", "section_path"]
 
 
 def section_path(config: Any) -> str:
@@ -24,6 +25,15 @@ def section_path(config: Any) -> str:
     if isinstance(config, DictConfig) and config._get_parent() is not None:
         return config._get_full_key(None)
     return ""
+
+
+def plain_config(config: Any) -> dict:
+    """A config section (DictConfig, typed config, mapping or None) as a plain resolved dict of its own."""
+    if not config:
+        return {}
+    if is_dataclass(config):
+        return dataclasses.asdict(config)
+    return OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
 
 
 def _import_target(target: Any, where: str) -> type:

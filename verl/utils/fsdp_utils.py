@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.utils.device import get_device_name, get_dist_backend, set_attention_backends
 from verl.utils.mixed_precision import resolve_mixed_precision
+from verl.utils.model_path import override_model_config
 from verl.utils.optim import LR_SCHEDULE_STYLES, build_lr_scheduler, build_optimizer  # noqa: F401 (re-exported)
 
 __all__ = [
@@ -464,6 +465,7 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     model_cls: type | None = None,
     lean_activations: bool = False,
+    override_config: Any = None,
 ) -> nn.Module:
     """Load a HF causal LM from a local directory onto the CPU (`model_cls` default: AutoModelForCausalLM).
 
@@ -474,6 +476,7 @@ def load_causal_lm(
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoModelForCausalLM
 
     config = _load_config(path, trust_remote_code)
+    override_model_config(config, override_config, "model.override_config")
     if model_cls is None:
         has_remote_class = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not (trust_remote_code and has_remote_class):
@@ -512,6 +515,7 @@ def load_token_classification_model(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     lean_activations: bool = False,
+    override_config: Any = None,
 ) -> nn.Module:
     """Load a value model (critic): AutoModelForTokenClassification with `num_labels=1` and no dropout, on CPU.
 
@@ -521,6 +525,7 @@ def load_token_classification_model(
     from transformers import AutoModelForTokenClassification
 
     config = _load_config(path, trust_remote_code)
+    override_model_config(config, override_config, "critic.model.override_config")
     config.num_labels = 1
     config.classifier_dropout = 0.0
     try:

@@ -55,10 +55,13 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.single_controller.base.worker import node_label
+from verl.utils.config import omega_conf_to_dataclass, plain_config
 from verl.utils.device import get_device_name
 from verl.utils.flops_counter import compute_mfu
+from verl.utils.import_utils import import_external_libs
 from verl.utils.mixed_precision import canonical_dtype
 from verl.utils.system_metrics import phase_memory
+from verl.workers.config import FSDPActorConfig, FSDPCriticConfig, HFModelConfig, RolloutConfig
 from verl.workers.lora import apply_lora, disabled_adapters, lora_rank
 from verl.workers.rollout import BaseRollout, get_rollout_class, resolve_rollout_engine
 from verl.workers.rollout.workflows import RolloutWorkflow, build_workflow, rollout_batch
@@ -167,18 +170,24 @@ class ActorRolloutRefWorker(Worker):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self.config = private_config(config)
-        self.device_name = get_device_name(self.config.get("device", "auto"))
+        self.device_name = get_device_name(self.config.get("device") or "auto")
         check_supported(self.config.model)
+        # verl's typed sections (defaults in one place); the DictConfig stays for what the worker writes back
+        self.model_config = omega_conf_to_dataclass(self.config.model, HFModelConfig)
+        self.rollout_config = omega_conf_to_dataclass(self.config.rollout, RolloutConfig)
+        self.ref_config = omega_conf_to_dataclass(
+            {**plain_config(self.config.get("ref")), "role": "ref"}, FSDPActorConfig
+        )
         self.use_lora = lora_rank(self.config.model) > 0
         if self._is_actor:
             check_old_log_prob_reuse(self.config)
-            n = require_positive_int(self.config.rollout.get("n", 1), "rollout.n")
+            n = require_positive_int(self.rollout_config.n, "rollout.n")
             normalize_batch_sizes(self.config.actor, n, self.world_size, "actor")
             key = "rollout.log_prob_micro_batch_size_per_gpu"
-            require_positive_int(self.config.rollout.get("log_prob_micro_batch_size_per_gpu"), key)
+            require_positive_int(self.rollout_config.log_prob_micro_batch_size_per_gpu, key)
         if self._is_ref:
             key = "ref.log_prob_micro_batch_size_per_gpu"
-            require_positive_int(self.config.get("ref", {}).get("log_prob_micro_batch_size_per_gpu"), key)
+            require_positive_int(self.ref_config.log_prob_micro_batch_size_per_gpu, key)
         self.tokenizer = None
         self.actor: DataParallelPPOActor | None = None
         self.rollout: BaseRollout | None = None
@@ -197,14 +206,15 @@ class ActorRolloutRefWorker(Worker):
             model_cfg.path,
             dtype=dtype,
             attn_implementation=attn_implementation(model_cfg, self.device_name),
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            trust_remote_code=self.model_config.trust_remote_code,
+            override_config=self.model_config.override_config,
         )
 
     def _forward_config(self, section: Any, role: str = "actor") -> DictConfig:
         """`section` (actor or ref config) with the model's forward-layout flags copied in, and its role."""
         section = private_config(section or {})
         for key in ("use_remove_padding", "share_prompt_prefix"):
-            section[key] = bool(self.config.model.get(key, False))
+            section[key] = getattr(self.model_config, key)
         section["role"] = role
         return section
 
@@ -216,12 +226,13 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.engine.fsdp import FSDPEngineWithLMHead
 
         actor_cfg = self.config.actor = self._forward_config(self.config.actor)
-        optim_cfg = {**private_config(actor_cfg.optim), "clip_grad": float(actor_cfg.get("grad_clip", 1.0))}
+        typed = omega_conf_to_dataclass(actor_cfg, FSDPActorConfig)
+        optim_cfg = {**private_config(actor_cfg.optim), "clip_grad": typed.grad_clip}
         self.actor_engine = FSDPEngineWithLMHead(
             self.config.model,
-            actor_cfg.get("fsdp_config"),
+            actor_cfg.fsdp_config,
             optim_cfg,
-            actor_cfg.get("checkpoint"),
+            actor_cfg.checkpoint,
             device=self.device_name,
             tokenizer=self.tokenizer,
             where="actor_rollout_ref.actor.fsdp_config",
@@ -251,14 +262,14 @@ class ActorRolloutRefWorker(Worker):
         rollout_cfg = self.config.rollout
         rollout_cls = get_rollout_class(self._rollout_engine_name(announce=True))
         if getattr(rollout_cls, "builds_from_path", False):  # vllm, sglang: the engine loads model.path itself
-            trust = bool(self.config.model.get("trust_remote_code", False))
+            trust = self.model_config.trust_remote_code
             extra = {"device": self.device_name} if _accepts(rollout_cls, "device") else {}  # a user's may not
             engine = rollout_cls(self.config.model.path, rollout_cfg, self.tokenizer, trust_remote_code=trust, **extra)
             if self.rank == 0 and hasattr(engine, "print_notices"):
                 engine.print_notices()
             return engine
-        actor_dtype = compute_dtype(self.config.actor.get("fsdp_config")) if self.actor is not None else None
-        dtype = canonical_dtype(rollout_cfg.get("dtype") or actor_dtype or "float32", "rollout.dtype")
+        actor_dtype = compute_dtype(self.config.actor.fsdp_config) if self.actor is not None else None
+        dtype = canonical_dtype(self.rollout_config.dtype or actor_dtype or "float32", "rollout.dtype")
         if self.actor is not None and dtype == actor_dtype and getattr(rollout_cls, "accepts_sharded_module", False):
             return rollout_cls(self.actor_module, rollout_cfg, self.tokenizer)  # no copy, no sync: hf_rollout.py
         module = self._load_policy(dtype)
@@ -277,7 +288,8 @@ class ActorRolloutRefWorker(Worker):
                 self._forward_config(self.config.get("ref"), "ref"), self.actor_module
             )
             return
-        fsdp_cfg = private_config(self.config.get("ref", {}).get("fsdp_config") or self.config.actor.get("fsdp_config"))
+        ref_section = self.config.get("ref") or {}
+        fsdp_cfg = private_config(ref_section.get("fsdp_config") or self.config.actor.fsdp_config)
         dtype = compute_dtype(fsdp_cfg)
         # frozen: loading in the low-precision one of (model_dtype, compute dtype) gives the same forward
         fsdp_cfg.model_dtype = dtype if dtype != "float32" else model_dtype(fsdp_cfg)  # compute_dtype: canonical
@@ -300,10 +312,11 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.weight_stream import BucketLoader
 
         model_cfg = self.config.model
+        import_external_libs(self.model_config.external_lib, "actor_rollout_ref.model.external_lib")
         require_dir_on_node(model_cfg.path, "actor_rollout_ref.model.path", self.rank)
         fsdp_utils.init_distributed()
         self.tokenizer = AutoTokenizer.from_pretrained(
-            model_cfg.path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
+            model_cfg.path, trust_remote_code=self.model_config.trust_remote_code
         )
         if self._is_actor:
             self._build_actor()
@@ -337,7 +350,7 @@ class ActorRolloutRefWorker(Worker):
         weight_sync.sync_rollout_weights(self.actor_module, self.rollout, self.config.rollout, self.use_lora)
 
     def _temperature(self) -> float:
-        return float(self.config.get("rollout", {}).get("temperature", 1.0))
+        return float(self.rollout_config.temperature)
 
     # ------------------------------------------------------------------ group methods
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -362,15 +375,15 @@ class ActorRolloutRefWorker(Worker):
         meta_info["metrics"] gets `training/rollout_probs_diff_max`/`_mean` when `rollout_log_probs` is present.
         """
         self._require(self.actor, "compute_log_prob", "actor, actor_rollout or actor_rollout_ref")
-        rollout_cfg = self.config.rollout
+        rollout_cfg = self.rollout_config
         data = _with_meta(
             data,
             temperature=self._temperature(),
             micro_batch_size=rollout_cfg.log_prob_micro_batch_size_per_gpu,
-            use_dynamic_bsz=bool(rollout_cfg.get("log_prob_use_dynamic_bsz", False)),
-            max_token_len=rollout_cfg.get("log_prob_max_token_len_per_gpu", 16384),
+            use_dynamic_bsz=rollout_cfg.log_prob_use_dynamic_bsz,
+            max_token_len=rollout_cfg.log_prob_max_token_len_per_gpu,
         )
-        with_sum_pi_squared = bool(self.config.actor.get("calculate_sum_pi_squared", False))
+        with_sum_pi_squared = self.actor.config.calculate_sum_pi_squared
         outputs = self.actor.compute_log_prob(
             data, calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
         )
@@ -386,13 +399,13 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` (bs, response_len) under the frozen reference model at `rollout.temperature`."""
         self._require(self.ref_policy, "compute_ref_log_prob", "ref or actor_rollout_ref")
-        ref_cfg = self.config.get("ref", {})
+        ref_cfg = self.ref_config
         data = _with_meta(
             data,
             temperature=self._temperature(),
-            micro_batch_size=ref_cfg.get("log_prob_micro_batch_size_per_gpu"),
-            use_dynamic_bsz=bool(ref_cfg.get("log_prob_use_dynamic_bsz", False)),
-            max_token_len=ref_cfg.get("log_prob_max_token_len_per_gpu", 16384),
+            micro_batch_size=ref_cfg.log_prob_micro_batch_size_per_gpu,
+            use_dynamic_bsz=ref_cfg.log_prob_use_dynamic_bsz,
+            max_token_len=ref_cfg.log_prob_max_token_len_per_gpu,
         )
         if self.use_lora and self.ref_policy.actor_module is getattr(self, "actor_module", None):
             with disabled_adapters(self.actor_module):
@@ -411,7 +424,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         metrics = self.actor.update_policy(_with_meta(data, temperature=self._temperature()))  # engine: train mode
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
-        passes = int(self.config.actor.get("ppo_epochs", 1))
+        passes = self.actor.config.ppo_epochs
         metrics["perf/mfu/actor"] = compute_mfu(
             self.actor_module.config, seqlens, time.perf_counter() - start, self.device_name, passes
         )
@@ -485,11 +498,12 @@ class CriticWorker(Worker):
     def __init__(self, config: Any):
         super().__init__()
         self.config = private_config(config)
-        self.device_name = get_device_name(self.config.get("device", "auto"))
-        n = require_positive_int(self.config.get("rollout_n", 1), "critic.rollout_n")
+        self.device_name = get_device_name(self.config.get("device") or "auto")
+        n = require_positive_int(omega_conf_to_dataclass(self.config, FSDPCriticConfig).rollout_n, "critic.rollout_n")
         normalize_batch_sizes(self.config, n, self.world_size, "critic")
+        self.critic_config = omega_conf_to_dataclass(self.config, FSDPCriticConfig)  # typed, after normalisation
         require_positive_int(
-            self.config.get("forward_micro_batch_size_per_gpu"), "critic.forward_micro_batch_size_per_gpu"
+            self.critic_config.forward_micro_batch_size_per_gpu, "critic.forward_micro_batch_size_per_gpu"
         )
         self.critic: DataParallelPPOCritic | None = None
 
@@ -503,14 +517,15 @@ class CriticWorker(Worker):
         from verl.workers.engine.fsdp import FSDPEngineWithValueHead
 
         model_cfg = self.config.model
+        import_external_libs(self.critic_config.model.external_lib, "critic.model.external_lib")
         require_dir_on_node(model_cfg.path, "critic.model.path", self.rank, absolute_only=True)
-        require_dir_on_node(model_cfg.get("tokenizer_path"), "critic.model.tokenizer_path", self.rank, True, None)
+        typed = self.critic_config
+        require_dir_on_node(typed.model.tokenizer_path, "critic.model.tokenizer_path", self.rank, True, None)
         fsdp_utils.init_distributed()
-        trust = bool(model_cfg.get("trust_remote_code", False))
         self.tokenizer = AutoTokenizer.from_pretrained(
-            model_cfg.get("tokenizer_path") or model_cfg.path, trust_remote_code=trust
+            typed.model.tokenizer_path or model_cfg.path, trust_remote_code=typed.model.trust_remote_code
         )
-        optim_cfg = {**private_config(self.config.optim), "clip_grad": float(self.config.get("grad_clip", 1.0))}
+        optim_cfg = {**private_config(self.config.optim), "clip_grad": typed.grad_clip}
         self.critic_engine = FSDPEngineWithValueHead(
             model_cfg,
             critic_fsdp_config(self.config),
@@ -538,9 +553,9 @@ class CriticWorker(Worker):
         self._check_ready("compute_values")
         data = _with_meta(
             data,
-            micro_batch_size=self.config.forward_micro_batch_size_per_gpu,
-            use_dynamic_bsz=bool(self.config.get("use_dynamic_bsz", False)),
-            max_token_len=self.config.get("forward_max_token_len_per_gpu", 16384),
+            micro_batch_size=self.critic_config.forward_micro_batch_size_per_gpu,
+            use_dynamic_bsz=self.critic_config.use_dynamic_bsz,
+            max_token_len=self.critic_config.forward_max_token_len_per_gpu,
         )
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data).cpu()})
 

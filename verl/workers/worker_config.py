@@ -93,16 +93,12 @@ def normalize_batch_sizes(section: DictConfig, n: int, world_size: int, prefix: 
 
 def check_supported(model_cfg: Any) -> None:
     """Refuse model settings the FSDP workers cannot honour (bad LoRA rank, a shared prompt prefix with gradient
-    checkpointing, `override_config`), before any model is loaded."""
+    checkpointing), before any model is loaded."""
     lora_rank(model_cfg)  # a bad value raises here, before any model is loaded
     if model_cfg.get("share_prompt_prefix", False) and model_cfg.get("enable_gradient_checkpointing", False):
         raise ValueError(
             "model.share_prompt_prefix=true needs a KV cache in the update pass, which gradient checkpointing "
             "drops; set model.enable_gradient_checkpointing=false or model.share_prompt_prefix=false"
-        )
-    if model_cfg.get("override_config"):
-        raise ValueError(
-            f"model.override_config={dict(model_cfg.override_config)} is not supported by the FSDP workers; use {{}}"
         )
 
 

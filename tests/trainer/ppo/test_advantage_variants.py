@@ -382,7 +382,9 @@ def _tiny_actor_batch(temperature: float) -> tuple[Qwen2ForCausalLM, DataProto]:
 def test_actor_sum_pi_squared_is_the_sum_of_squared_softmax(use_remove_padding):
     temperature = 0.7
     model, data = _tiny_actor_batch(temperature)
-    actor = DataParallelPPOActor(OmegaConf.create({"use_remove_padding": use_remove_padding}), model)
+    actor = DataParallelPPOActor(
+        OmegaConf.create({"use_remove_padding": use_remove_padding, "ppo_micro_batch_size_per_gpu": 2}), model
+    )
 
     log_probs, entropys, sum_pi_squared = actor.compute_log_prob(
         data, calculate_entropy=True, calculate_sum_pi_squared=True

@@ -20,15 +20,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.validation_metrics import (  # noqa: F401  (verl's names and the validation pass's)
+from verl.trainer.ppo.validation_metrics import (  # noqa: F401  (verl's names)
     bootstrap_metric,
     calc_maj_val,
-    compute_val_correct_metrics,
-    compute_validation_metrics,
     numeric_value,
-    process_greedy_validation_metrics,
     process_validation_metrics,
-    select_generations,
 )
 from verl.utils.metric import Metric
 from verl.utils.metric import reduce_metrics as verl_reduce_metrics

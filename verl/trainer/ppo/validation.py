@@ -14,19 +14,19 @@ import numpy as np
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import generation_dump, rlvr
-from verl.trainer.ppo.metric_utils import (
+from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.validation_metrics import (
     compute_val_correct_metrics,
+    compute_validation_metrics,
     process_greedy_validation_metrics,
-    process_validation_metrics,
     select_generations,
 )
-from verl.trainer.ppo.reward import compute_reward
 from verl.utils.dataset.prompt_loader import load_batches
 
 
 def validate(trainer) -> dict[str, float]:
     """Generate `val_kwargs.n` answers per validation prompt with `trainer`'s rollout, score them, and return verl's
-    validation metrics (see `process_validation_metrics`); the first few generations are kept in
+    validation metrics (see `compute_validation_metrics`); the first few generations are kept in
     `trainer.val_generations` for the table `Tracking.log_generations` writes. With `trainer.val_greedy`, also one
     greedy answer per prompt (`process_greedy_validation_metrics`; taken from the sampled pass when
     `val_kwargs.do_sample` is false)."""
@@ -70,7 +70,7 @@ def validate(trainer) -> dict[str, float]:
     count = int(trainer.config.trainer.get("log_val_generations", 0) or 0)
     trainer.val_generations = select_generations(inputs, outputs, scores, n, count)
     generation_dump.dump_validation(trainer.config.trainer, inputs, outputs, gts, scores, extras, trainer.global_steps)
-    metrics = process_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
+    metrics = compute_validation_metrics(sources, scores, n, extras, uids=uids, votes=votes)
     metrics.update(compute_val_correct_metrics(tags, scores, thresholds))  # val_correct/{all,<tag>}/mean
     if greedy_pass and not sampled:  # the n answers are greedy ones: the first of each prompt
         first = range(0, len(scores), n)

@@ -15,20 +15,17 @@ Layer 5 (docs/architecture.md#layers): no Ray here.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from tensordict import TensorDict
 from torch import nn
 
-from verl.base_config import BaseConfig
 from verl.protocol import DataProto
 from verl.utils import tensordict_utils as tu
-from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.config import omega_conf_to_dataclass, plain_config
 from verl.utils.py_functional import append_to_dict
 from verl.workers.config import FSDPActorConfig
 from verl.workers.engine.fsdp import FSDPEngineWithLMHead
@@ -54,7 +51,6 @@ __all__ = [
     "mask_padding_rows",
     "micro_batch_plan",
     "module_device",
-    "plain_config",
     "positive_int",
     "shuffled",
     "split_micro_batches",
@@ -97,13 +93,6 @@ def step_generator(config: Any, meta_info: dict) -> torch.Generator | None:
     step = int(meta_info.get("global_steps", 0))
     seed = 1 if config.data_loader_seed is None else config.data_loader_seed
     return torch.Generator().manual_seed(int(seed) + 1_000_003 * step)
-
-
-def plain_config(config: Any) -> Any:
-    """A mapping config as a plain dict (resolved), so the typed copy shares nothing with the caller's."""
-    if isinstance(config, BaseConfig) or not config:
-        return dataclasses.asdict(config) if isinstance(config, BaseConfig) else {}
-    return OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
 
 
 # ---------------------------------------------------------------------------------------------- the actor

@@ -19,9 +19,9 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.utils import tensordict_utils as tu
-from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.config import omega_conf_to_dataclass, plain_config
 from verl.utils.py_functional import append_to_dict
-from verl.workers.actor.dp_actor import plain_config, positive_int, shuffled, step_generator
+from verl.workers.actor.dp_actor import positive_int, shuffled, step_generator
 from verl.workers.config import FSDPCriticConfig
 from verl.workers.engine.fsdp import FSDPEngineWithValueHead
 from verl.workers.engine.utils import mask_padding_rows

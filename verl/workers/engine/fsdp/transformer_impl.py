@@ -236,6 +236,7 @@ class FSDPEngine(BaseEngine):
             attn_implementation=attn_implementation(cfg, self.device_name),
             gradient_checkpointing=bool(cfg.get("enable_gradient_checkpointing", False)) and not self.forward_only,
             trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+            override_config=cfg.get("override_config"),
             lean_activations=bool(cfg.get("lean_activations", False)) and not self.forward_only,
         )
 
@@ -598,6 +599,7 @@ class FSDPEngineWithValueHead(FSDPEngine):
             attn_implementation=attn_implementation(cfg, self.device_name),
             gradient_checkpointing=bool(cfg.get("enable_gradient_checkpointing", False)) and not self.forward_only,
             trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+            override_config=cfg.get("override_config"),
             lean_activations=bool(cfg.get("lean_activations", False)) and not self.forward_only,
         )
 
