@@ -1,4 +1,5 @@
-"""Checkpoint I/O for training state (model, optimizer, LR scheduler, RNG): `FSDPCheckpointManager`.
+"""Checkpoint I/O for training state (model, optimizer, LR scheduler, RNG): `FSDPCheckpointManager`, built on
+verl's `checkpoint_manager.BaseCheckpointManager` (what to save and load, LoRA-only state dicts, retention).
 
 The manager (FSDP2, torch.distributed.checkpoint) is imported on first use of the name, so that importing
 `verl.utils.checkpoint.errors` from the driver does not load it."""
