@@ -12,15 +12,16 @@ after a training step): the engine is built with `enable_weights_cpu_backup=True
 memory; an sglang too old to know that option keeps its weights resident and releases only the rest (one notice).
 `update_weights` takes the actor's weights as the worker streams them (`verl.workers.weight_sync`: buckets of
 `rollout.checkpoint_engine.update_weights_bucket_megabytes`, gathered lazily on the GPU in `rollout.dtype`, HF
-names; with LoRA the merged weights), regroups them by that size and hands each bucket to
-`Engine.update_weights_from_tensor`, flushing the prefix cache once at the end.
+names; with LoRA the merged weights), regroups them by that size (a DeepSeek-V4 model's fused parameter groups kept in
+one bucket, `utils.DEEPSEEK_V4_FUSION_GROUPS`) and hands each bucket to `Engine.update_weights_from_tensor`, flushing
+the prefix cache once at the end.
 
 SGLang is imported lazily: asking for this engine on a machine without CUDA or without sglang fails at
 construction with a message that names the problem and `actor_rollout_ref.rollout.name=hf`, the CPU engine (the
 driver normally falls back to `hf` before the workers start; see `verl.workers.rollout.resolve_rollout_engine`).
 
-Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`) and sglang; must not import
-Ray.
+Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`, `.utils`) and sglang; must not
+import Ray.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype
+from verl.workers.rollout.base import BaseRollout, SamplingSettings, WeightSource, engine_dtype, named_tensor_stream
 from verl.workers.rollout.gpu_engines import (
     CPU_HINT,
     EngineMemory,
@@ -45,6 +46,7 @@ from verl.workers.rollout.gpu_engines import (
     prepare_requests,
     weight_buckets_by_size,
 )
+from verl.workers.rollout.sglang_rollout.utils import DEEPSEEK_V4_FUSION_GROUPS, named_tensor_buckets
 from verl.workers.weight_sync import bucket_bytes
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # sglang's release/resume tags, in the order they come back
@@ -125,6 +127,13 @@ def _knows_weights_backup() -> bool:
     return WEIGHTS_BACKUP in {field.name for field in dataclasses.fields(ServerArgs)}
 
 
+def _model_type(model_path: str) -> str | None:
+    """`model_type` of the HF config at `model_path` (read as a dict: no model class needed)."""
+    from transformers import PretrainedConfig
+
+    return PretrainedConfig.get_config_dict(model_path)[0].get("model_type")
+
+
 def _known_sampling_keys(sglang: Any) -> set[str] | None:
     """The keyword names of the installed sglang's SamplingParams (older ones lack `sampling_seed`), or None."""
     try:
@@ -162,6 +171,7 @@ class SGLangRollout(BaseRollout):
         self.bucket_bytes = bucket_bytes(config)
         kwargs = sglang_engine_kwargs(config, model_path, trust_remote_code, _knows_weights_backup())
         self.weight_dtype = engine_dtype(kwargs["dtype"])
+        self.fusion_groups = DEEPSEEK_V4_FUSION_GROUPS if _model_type(model_path) == "deepseek_v4" else ()
         self.engine = sglang.Engine(**kwargs)
         self._sampling_keys = _known_sampling_keys(sglang)
         frees = bool(config.get("free_cache_engine", True)) and hasattr(self.engine, "release_memory_occupation")
@@ -185,11 +195,15 @@ class SGLangRollout(BaseRollout):
     def update_weights(self, weights: WeightSource) -> None:
         """Load the actor's weights with `update_weights_from_tensor`, one request per bucket of
         `update_weights_bucket_megabytes`, with the weights resumed (they stay resident until the next generation
-        has run); the prefix cache is flushed once, after the last bucket. The input is read to its end even after
-        an error (it may be a collective over the actor's ranks); then the first error is raised."""
+        has run); the prefix cache is flushed once, after the last bucket. With `fusion_groups` (DeepSeek-V4) the
+        buckets are cut again so that each group's members go in one request. The input is read to its end even
+        after an error (it may be a collective over the actor's ranks); then the first error is raised."""
         self.memory.resume("weights")
         error: Exception | None = None
-        for bucket in weight_buckets_by_size(weights, self.bucket_bytes, self.weight_dtype):
+        buckets = weight_buckets_by_size(weights, self.bucket_bytes, self.weight_dtype)
+        if self.fusion_groups:
+            buckets = named_tensor_buckets(named_tensor_stream(buckets), self.bucket_bytes, self.fusion_groups)
+        for bucket in buckets:
             if error is None:
                 try:
                     problem = next((p for p in (peft_name_problem(name) for name, _ in bucket) if p), None)
