@@ -30,7 +30,7 @@ setup(
         "uvicorn",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff", "peft"],
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "pytest-asyncio>=0.23", "ruff", "peft"],
         # the CPU speed-ups' OpenBLAS (verl.cpu.blas: float32 matrix products on AMD processors); a GPU install
         # leaves it out and verl.cpu, never entered on a GPU, does not miss it
         "cpu": ["scipy-openblas32>=0.3.27"],
