@@ -111,3 +111,15 @@ def two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No distributed variables set (as outside a worker group); every variable a test or a `Worker` sets is undone
+    afterwards."""
+    from verl.single_controller.base.worker import ENV_KEYS, NUM_THREADS_ENV
+
+    for key in (*ENV_KEYS, NUM_THREADS_ENV):
+        monkeypatch.setenv(key, "placeholder")
+        monkeypatch.delenv(key)
+    return monkeypatch

@@ -15,16 +15,6 @@ from verl.checkpoint_engine import (
     CheckpointEngineWorker,
     ColocatedCheckpointEngine,
 )
-from verl.single_controller.base.worker import ENV_KEYS, NUM_THREADS_ENV
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    """Outside a worker group (a Worker writes its rank back to the environment; undone afterwards)."""
-    for key in (*ENV_KEYS, NUM_THREADS_ENV):
-        monkeypatch.setenv(key, "placeholder")
-        monkeypatch.delenv(key)
-    return monkeypatch
 
 
 class SyncEngine:

@@ -254,6 +254,7 @@ def test_critic_values_update_and_checkpoint(worker, tiny_model_dir, tmp_path):
     cfg.critic.rollout_n = N
     cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.forward_micro_batch_size_per_gpu = 4, 3
     cfg.critic.optim.lr = 1e-2
+    cfg.critic.checkpoint.save_contents = ["model", "extra"]  # checkpoint.save_contents reaches the engine
     critic = CriticWorker(cfg.critic)
     assert critic.config.ppo_mini_batch_size == len(TEXTS) * N
     critic.init_model()
@@ -269,6 +270,7 @@ def test_critic_values_update_and_checkpoint(worker, tiny_model_dir, tmp_path):
     mask = gen.batch["response_mask"].bool()
     assert (new_values[mask] > 0).all()  # moved towards the returns of 1
     critic.save_checkpoint(str(tmp_path / "critic"))
+    assert sorted(p.name.split("_world")[0] for p in (tmp_path / "critic").glob("*.pt")) == ["extra_state", "model"]
     critic.update_critic(gen)
     critic.load_checkpoint(str(tmp_path / "critic"))
     torch.testing.assert_close(critic.compute_values(gen).batch["values"], new_values, atol=1e-6, rtol=0)

@@ -1,4 +1,4 @@
-"""Tests of the `sglang` rollout engine (verl/workers/rollout/sglang_rollout.py).
+"""Tests of the `sglang` rollout engine (verl/workers/rollout/sglang_rollout/).
 
 On CPU: the failure path (asking for SGLang without a GPU or without sglang names the problem and the CPU choice),
 the pure functions that map the rollout config to `sglang.Engine(...)` keyword arguments and to one request's

@@ -6,20 +6,10 @@ import pytest
 import torch
 
 from verl.single_controller.base.worker import (
-    ENV_KEYS,
     NUM_THREADS_ENV,
     Worker,
     get_node_ip,
 )
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    """No distributed variables set; every variable the test or the Worker sets is undone afterwards."""
-    for key in (*ENV_KEYS, NUM_THREADS_ENV):
-        monkeypatch.setenv(key, "placeholder")
-        monkeypatch.delenv(key)
-    return monkeypatch
 
 
 def test_outside_a_group_a_worker_is_rank_zero_of_one(clean_env):

@@ -8,7 +8,6 @@ import pytest
 
 from verl.single_controller.base import Dispatch, Execute, Worker, register
 from verl.single_controller.base.decorator import get_register_attrs
-from verl.single_controller.base.worker import ENV_KEYS, NUM_THREADS_ENV
 from verl.single_controller.ray import (
     RayClassWithInitArgs,
     create_colocated_worker_cls,
@@ -43,14 +42,6 @@ class Shifter(Worker):
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def shift_scaled(self, x):
         return self.fused_worker_dict["scaler"].scale(x) - 1
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    """No distributed variables set; every variable a Worker sets is undone afterwards."""
-    for key in (*ENV_KEYS, NUM_THREADS_ENV):
-        monkeypatch.setenv(key, "placeholder")
-        monkeypatch.delenv(key)
 
 
 def _class_dict():

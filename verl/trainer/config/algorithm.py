@@ -26,6 +26,7 @@ class CheckpointConfig(BaseConfig):
     load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
     async_save: bool = False
     strict: bool = True
+    save_lora_only: bool = False
 
     def __post_init__(self):
         for key in ("save_contents", "load_contents"):

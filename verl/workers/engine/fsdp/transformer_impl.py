@@ -263,7 +263,9 @@ class FSDPEngine(BaseEngine):
             if total <= 0 and ft_spec is not None:
                 total = ft_spec.total_train_steps
             self.lr_scheduler = fsdp_utils.build_lr_scheduler(self.optimizer, self.optimizer_config, total)
-        self.checkpoint_manager = FSDPCheckpointManager(self.module, self.optimizer, self.lr_scheduler, self.tokenizer)
+        self.checkpoint_manager = FSDPCheckpointManager(
+            self.module, self.optimizer, self.lr_scheduler, self.tokenizer, checkpoint_config=self.checkpoint_config
+        )
 
     # ------------------------------------------------------------------ modes and optimizer
     @property
