@@ -1,32 +1,12 @@
-"""`python -m verl.rollout_server`: an OpenAI-compatible HTTP server over the `hf` rollout engine, on 127.0.0.1.
+"""`python -m verl.rollout_server`: an OpenAI-compatible HTTP server over a rollout engine, on 127.0.0.1.
 
-Serves a Hugging Face model folder so that environment code written for the OpenAI API (verifiers-style,
-`openai.AsyncOpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="x")`) can drive rollouts:
-
-    POST /v1/chat/completions   messages + sampling arguments (see verl.envs.openai_client)
-    POST /v1/completions        prompt (text, token ids, or a list of them) + sampling arguments
-    GET  /v1/models             the served model
-    GET  /health, GET /stats    liveness; requests and batched generate calls so far
-
-The routes are a FastAPI app (`create_app`) served by uvicorn. Requests go to one `AsyncRolloutEngine` on its own
-event-loop thread (generation blocks that loop, not uvicorn's), so concurrent requests are batched into shared
-generate calls (window `--window-ms`). Responses carry `prompt_token_ids` and per choice `token_ids` (and log-probs
-with `logprobs: true`), what a trainer needs to turn them into samples. Streaming is not supported (`stream: true`
-is a 400). The server binds 127.0.0.1 only (the socket is listening when the `serving ...` line is printed); a
-trailing `/` on a path is ignored; errors are JSON `{"error": {"message", "type"}}` with status 400 (bad request:
-body not a JSON object, or an argument the client refuses), 404 (unknown path or method) or 500 (engine failure).
-
-    python -m verl.rollout_server --model outputs/default/sft_model --port 8000 --max-tokens 128
-
-`--engine vllm` (the default `auto` picks it where vLLM is installed for the device) serves through vLLM's own
-OpenAI server instead (`vllm.entrypoints.openai.api_server`, a child process; this process waits until it answers
-`/health`, prints the same `serving ...` line, and stops it on SIGTERM or Ctrl-C): the same `/v1` routes and
-`/health`, vLLM's batching, `prompt_token_ids` and per choice `token_ids` in every response (the
-`TokenIdsByDefault` middleware asks vLLM for them: `return_token_ids`), log-probs with `logprobs: true`;
-`--max-tokens` is the default `max_tokens`; on CPU without chunked prefill (seeded requests) and with a KV cache
-sized for `--max-batch-size` sequences; no `/stats`.
-
-Layer 8 (an entry point): composes the engine (layer 5) and the client; must not import Ray or the trainer.
+Routes (a FastAPI app, `create_app`, served by uvicorn): POST /v1/chat/completions and /v1/completions (sampling
+arguments as in verl.envs.openai_client), GET /v1/models, /health and /stats. Requests go to one
+`AsyncRolloutEngine` on its own event-loop thread, so concurrent requests are batched (`--window-ms`). Responses
+carry `prompt_token_ids` and per choice `token_ids`; no streaming; errors are JSON `{"error": {...}}` with 400, 404
+or 500. `--engine vllm` (picked by `auto` where vLLM is installed) runs vLLM's own OpenAI server as a child
+process instead, with the `TokenIdsByDefault` middleware (no /stats).
+Layer 8 (an entry point): must not import Ray or the trainer.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """float32 matrix products on the CPU through OpenBLAS instead of torch's MKL, where that is faster: `install`.
 
-Owns the choice (`VERL_CPU_BLAS`: `auto`, the default, `openblas` or `torch`), the CPU kernels it registers for
-aten's `mm`, `addmm` and `addmm_` (what `nn.Linear`, `F.linear`, `@` on 2-D tensors and autograd's backward of all
-of them run), and the small C helper (`native_build`) that splits one product's rows over torch's own
-OpenMP threads, each calling OpenBLAS's single-threaded `sgemm` on its rows: one thread team, no second pool of
-spinning BLAS threads beside torch's.
-
-Why: torch's CPU wheels multiply float32 matrices with MKL, which on AMD processors runs well below what the cores
-do; OpenBLAS (the `scipy-openblas32` wheel, the `cpu` install extra) is faster there at the training shapes of the
-bench model (benchmarks/README.md has the figures). `auto` takes OpenBLAS on AMD processors (vendor `AuthenticAMD`)
-when the wheel and a C compiler are there, torch's MKL elsewhere (MKL is Intel's own library). Other dtypes, other
-devices, tiny products (under `MIN_FLOPS`) and layouts BLAS cannot take without a copy go to torch's own kernel.
-Results equal MKL's up to float rounding (a different summation order).
-
-A worker `prepare`s the choice once; its engine's training passes (forward and backward of the update, the
-reference's and critic's forwards) and the SFT trainer run inside `products()`, which registers the kernels for the
-block and puts torch's back after it. The kernels are process-wide while registered (with
-`trainer.single_process=true` the driver's process is the worker's).
-
-Layer 2 (verl/cpu): torch and verl.cpu.native_build; must not import Ray.
+Owns the choice (`VERL_CPU_BLAS`: `auto`, `openblas` or `torch`; `auto` takes OpenBLAS on AMD processors when the
+`scipy-openblas32` wheel and a C compiler are there), the CPU kernels it registers for aten's `mm`, `addmm` and
+`addmm_` while inside `products()`, and the C helper that splits a product's rows over torch's OpenMP threads.
+Other dtypes, devices, products under `MIN_FLOPS` and layouts needing a copy go to torch's kernel.
+Layer 2: torch and verl.cpu.native_build.
 """
 
 from __future__ import annotations

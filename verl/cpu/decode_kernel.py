@@ -1,33 +1,12 @@
-"""Fused CPU kernels of one decode step: the attention against a `shared_prefix.SharedPrefixCache`, the glue around
-it, and the sampling.
+"""Fused CPU kernels of one decode step: attention against a `shared_prefix.SharedPrefixCache`, the glue around it
+(rotary + cache write, residual add + RMSNorm) and sampling (inverse-CDF with the token's log-probability).
 
-Owns the kernels' C source, its build (`native_build`: gcc or cc at first use, cached per user and CPU),
-`available`/`applies`, the kernel's cache layout (`tile_keys`, `write_tiled`, `prompt_bias`, `check_layout`),
-`shared_prefix_attention` (the call that `shared_prefix.attend` makes when the kernel applies),
-`shared_prefix_decode` (rotary embedding + cache write + that attention from a step's q/k/v projections, for
-`lean_decode`), `add_rms_norm` (residual add + RMSNorm) and `sample_tokens` (inverse-CDF sampling and the token's
-log-probability in one pass per row, for `hf_rollout`'s decode loop).
-
-Why the glue and the sampler: for a small model a decode step is dozens of small torch ops per layer (rotary halves,
-concatenations, the cache writes, the norm's ops, residual adds) and several over the vocabulary (softmax, cumsum,
-searchsorted, log_softmax, gather), each a dispatch on the calling thread while the other OpenMP threads wait. With
-these kernels the step is its matrix products plus a few kernel calls per layer.
-
-Why the attention: a decode step's attention reads every row's response keys and values once per layer, and at long
-responses that read is most of the step's growth. torch runs it as two batched matmuls with a softmax and
-concatenations between them, reading the cache more than once. Here one pass per (row, KV head) computes the scores
-of its query heads against the row's prompt (the shared copy, which the rows of one prompt read in turn from cache)
-and its own response keys, one softmax over both, and the weighted sum of the values: each key and value is read
-once. The keys are stored in tiles of TILE positions (a tile's keys side by side per column), so a tile's scores are
-vertical multiply-adds with no horizontal sums; values stay row by row. benchmarks/README.md has the figures.
-
-The kernel runs float32 with head sizes that are a multiple of 32 on the calling thread's torch threads (OpenMP:
-the shared object binds to the libgomp torch already loaded, so it uses torch's thread team; no second pool). It is
-the same attention as the torch path up to float rounding (~1e-6: a different summation order and its own `exp`,
-a degree-6 polynomial after range reduction, relative error ~2e-7). When no C compiler is found, the build fails or
-`VERL_DECODE_KERNEL=0`, the torch path runs (one notice line when a build was tried and failed).
-
-Layer 2 (verl/cpu): imports torch and verl.cpu.native_build only; must not import Ray.
+Owns the C source and its build (`native_build`, cached per user and CPU), `available`/`applies`, the tiled key
+layout (`tile_keys`, `write_tiled`, `prompt_bias`, `check_layout`), `shared_prefix_attention`,
+`shared_prefix_decode`, `add_rms_norm` and `sample_tokens`. float32, head sizes a multiple of 32, on torch's OpenMP
+team; equal to the torch path up to rounding (~1e-6). Without a compiler, on a failed build or with
+`VERL_DECODE_KERNEL=0` the torch path runs. benchmarks/README.md has the figures.
+Layer 2: torch and verl.cpu.native_build only.
 """
 
 from __future__ import annotations

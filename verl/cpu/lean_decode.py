@@ -1,22 +1,9 @@
 """A decode step of a plain decoder computed straight from the model's weights, without HF's module calls.
 
-Owns `applies_to` (which models it can run) and `LeanDecoder` (one decode step: token ids and positions in,
-next-token logits out, the keys and values written into the rollout's KV cache).
-
-Why: a decode step of a small model on CPU costs more in Python than in arithmetic. HF's forward walks many modules
-per layer, builds the rotary embedding and the attention mask afresh, and dispatches through its attention and cache
-interfaces. Here one step is the same arithmetic in a flat loop over the module's own parameters: the rotary table
-computed once for every position the generation can reach and indexed per step, and the attention of the cache the
-rollout already uses (`shared_prefix.attend` for a `SharedPrefixCache`, sdpa over the per-row cache). The logits
-equal HF's forward up to float rounding. The q/k/v and gate/up matmuls are not fused: that would need a copy of two
-thirds of a model's weights during generation for little gain.
-
-Applies to Qwen2, Qwen3 and Llama causal LMs with SiLU MLPs, plain `nn.Linear` projections (no LoRA or quantized
-layers), and a rotary embedding that depends on the position only (not `dynamic` or `longrope`); every other model
-keeps HF's forward.
-
-Layer 2 (verl/cpu): imports torch, verl.utils.torch_functional and verl.cpu's shared_prefix and decode_kernel;
-must not import Ray.
+Owns `applies_to` (Qwen2, Qwen3 and Llama causal LMs with SiLU MLPs, plain `nn.Linear` projections and a
+position-only rotary embedding) and `LeanDecoder` (token ids and positions in, next-token logits out, keys and
+values written into the rollout's KV cache). Logits equal HF's forward up to float rounding.
+Layer 2: torch, verl.utils.torch_functional and verl.cpu's shared_prefix and decode_kernel.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Decode attention that reads each prompt's keys and values once for all the rows sampled from it.
 
-Owns `SharedPrefixCache` (a KV cache holding the prefill of the distinct prompts once, plus a preallocated
-per-row buffer for the response tokens), the attention function that decodes against it (registered with HF's
-`AttentionInterface` as `ATTENTION_NAME`) and `decode_attention`, which switches a model to it for the decode
-steps.
-
-Why: on CPU a decode step's attention is bound by reading the KV cache, and with `rollout.n`
-samples per prompt most of that cache is the same prompt copied n times. Here the scores of a row against its
-prompt are computed from the prompt's single copy (the rows of one prompt packed as extra queries of one matmul),
-against its own response tokens from its buffer, and one softmax runs over both parts: the same attention as
-sdpa over the concatenated cache (float rounding aside, ~1e-7), with the prompt part read once per prompt.
-
-Applies to decoder models with plain full attention under `sdpa` (`applies_to`); every other model keeps the
-rollout's preallocated per-row cache. In float32 the attention is one fused C kernel (`decode_kernel`) where it is
-built; otherwise torch's ops below.
-
-Layer 2 (verl/cpu): imports torch, transformers, verl.utils.torch_functional and verl.cpu.decode_kernel; must not
-import Ray.
+Owns `SharedPrefixCache` (the distinct prompts' prefill once, plus a per-row buffer for response tokens), the
+attention function registered with HF's `AttentionInterface` as `ATTENTION_NAME` (one softmax over prompt and
+response parts: sdpa's result up to ~1e-7) and `decode_attention`, which switches a model to it for decode steps.
+Applies to full-attention decoders under `sdpa` (`applies_to`); float32 uses `decode_kernel` where built.
+Layer 2: torch, transformers, verl.utils.torch_functional and verl.cpu.decode_kernel.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """How many torch threads a CPU worker's next call computes with: its CPU share, less the cores the machine's other
-processes kept busy during its last call.
+processes kept busy during its last call (from /proc/stat, over calls of `MIN_WINDOW_S` or more; the share where
+/proc is missing).
 
-Owns `ThreadPolicy` (the pick), `openmp_threads_spin` (how the OpenMP threads wait), `adaptive_threads_wanted` (the
-`VERL_ADAPTIVE_THREADS` switch), `enable` and `worker_call` (the process's policy, which the `@register` wrapper
-and the SFT trainer's steps apply through `verl.cpu.CPUAcceleration.call`), `measured_call` (one call under a given
-policy) and
-`machine_busy_ticks` (the clock ticks the CPUs this process may run on spent busy, from /proc/stat).
-
-Why: between kernels a CPU worker's OpenMP threads either sleep (`OMP_WAIT_POLICY=PASSIVE`: every kernel wakes its
-partner) or spin for a while first (OpenMP's default, which CPU workers keep): fast on a quiet machine, but a
-spinning thread whose partner another process's work descheduled waits at every barrier, and beside a busy process
-one thread beats two that wait for each other (benchmarks/README.md). So: spin, and compute with as many threads as
-there are cores the others leave free.
-
-The others' use is measured over each worker call that lasts `MIN_WINDOW_S` or more (while this worker computes, not
-while it waits for the driver, whose own work between calls must not count): the busy ticks of this process's CPUs
-(/proc/stat) less this process's own (/proc/self/stat), over the call's wall time. The next call computes with
-round(CPUs - others' cores) threads, at least 1 and at most the worker's share; the first call with the share.
-Where /proc is missing (not Linux) the share is kept. A kernel's float rounding can depend on the thread count, so
-the same seed can differ in its last bits between a quiet and a busy machine.
-
-Layer 2 (verl/cpu): imports os, time and torch only.
+Owns `ThreadPolicy`, `adaptive_threads_wanted` (`VERL_ADAPTIVE_THREADS`), `enable` / `worker_call` (the process's
+policy, applied through `verl.cpu.CPUAcceleration.call`), `measured_call` and `machine_busy_ticks`. OpenMP threads
+keep spinning (benchmarks/README.md). Layer 2: os, time and torch only.
 """
 
 from __future__ import annotations
@@ -38,14 +22,6 @@ OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 ADAPTIVE_THREADS_ENV = "VERL_ADAPTIVE_THREADS"  # 1: calls pick their thread count (this module), 0: torch's count kept
 MIN_WINDOW_S = 0.2  # a shorter window holds too few clock ticks (10 ms each) to tell
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def openmp_threads_spin() -> bool:
-    """Whether this process's OpenMP threads spin a while between kernels (libgomp's default) rather than sleep at
-    once (`OMP_WAIT_POLICY=PASSIVE` or `GOMP_SPINCOUNT=0`), as the environment says (libgomp reads it at start)."""
-    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
-        return False
-    return os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("0", "0k", "0M")
 
 
 def adaptive_threads_wanted(default: str) -> bool:

@@ -1,25 +1,11 @@
 """An in-process OpenAI-compatible client over a rollout engine, recording what training needs.
 
-Owns `OpenAIClient`: `await client.chat.completions.create(model=..., messages=[...], **sampling_args)` and
-`await client.completions.create(model=..., prompt=..., ...)` (the `openai.AsyncOpenAI` call shapes),
-answered by an engine's `agenerate` (an `AsyncRolloutEngine` or any `BaseRollout`), so environment code
-written for the OpenAI API drives rollouts; the returned objects have the openai package's attributes
-(`choices[i].message.content`, `finish_reason`, `usage`, ...) plus vLLM-style extras: `prompt_token_ids`
-and per choice `token_ids`. `verl.rollout_server` serves the same over HTTP.
-
-Sampling arguments: `temperature` (0 = greedy), `top_p`, `max_tokens` / `max_completion_tokens`, `n`,
-`stop`, `logprobs`, `top_k` (also inside `extra_body`), `seed` (accepted, unused: the engine seeds
-itself), `tools` (passed to the chat template; `<tool_call>` blocks are returned as `message.tool_calls`,
-the content keeps the full text). Unset knobs take the trainer's rollout settings. Anything else is an
-error naming the argument.
-
-Recording (`record=True`): every choice becomes a `CompletionRecord` (prompt ids, completion ids,
-log-probs, policy versions). Chat prompts are tokenised incrementally: when a request's messages extend
-an earlier request's messages plus that request's answer, its prompt ids are the earlier prompt ids +
-completion ids + the ids of the new text only, so a multi-turn conversation is one token sequence in
-which `trajectory()` can tell the model's tokens (trained) from the rest (not trained).
-
-Layer 5: imports the engine API and verl.envs.tools; must not import Ray.
+`OpenAIClient` answers `chat.completions.create` / `completions.create` (the `openai.AsyncOpenAI` call shapes)
+with an engine's `agenerate`; responses have openai's attributes plus `prompt_token_ids` and per choice
+`token_ids`. Unset sampling knobs take the trainer's rollout settings; an unknown argument is an error. With
+`record=True` each choice becomes a `CompletionRecord`; chat prompts that extend an earlier request and its answer
+are tokenised incrementally, so `trajectory()` yields one token sequence with a loss mask on the model's tokens.
+Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

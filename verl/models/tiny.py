@@ -1,22 +1,10 @@
-"""Tiny random-weight Qwen2 models with a tokenizer trained locally: the project's embedded default model.
+"""Tiny random-weight Qwen2 models with a locally trained tokenizer: the project's embedded default model.
 
-Owns: the built-in tokenizer training corpus, `build_tokenizer` (byte-level BPE trained with the
-`tokenizers` library, a Qwen-style chat template) and `build_tiny_model` (a `Qwen2ForCausalLM` with random
-weights saved in HF format next to its tokenizer). Nothing is downloaded.
-
-The tokenizer is trained with exactly Qwen2's normaliser (NFC) and pre-tokeniser (Qwen2's split regex then
-ByteLevel without its own regex), because transformers 5 `AutoTokenizer` rebuilds a `model_type=qwen2`
-tokenizer as `Qwen2Tokenizer` with those components: any other choice would change ids after a reload.
-
-Layer 0 (models): imports only torch, transformers, tokenizers and optionally `verl.utils.dataset.rlla_synthetic`
-for extra corpus text. Must not import Ray or trainer code.
-
-Real shapes: `size="qwen2.5-0.5b"` builds a random-weight model with Qwen2.5-0.5B's exact shape (hidden 896, 24
-layers, 14 heads / 2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings: 494M parameters, 1.98 GB in
-float32 safetensors), for scale tests. Its embedding and LM head have the real 151,936 rows (the real memory and
-logits cost) while the local tokenizer uses only its first ids; the others decode to nothing.
-
+Owns `build_tokenizer` (byte-level BPE with Qwen2's normaliser and pre-tokeniser, so transformers' `Qwen2Tokenizer`
+reload keeps the ids; a Qwen-style chat template) and `build_tiny_model` (random weights saved in HF format;
+`size="qwen2.5-0.5b"` has Qwen2.5-0.5B's exact shape). Nothing is downloaded.
 CLI: `python -m verl.models.tiny --out DIR [--size xs|s|m|qwen2.5-0.5b] [--seed 0] [--corpus FILE]`.
+Layer 0: must not import Ray or trainer code.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """`BaseTool`: verl's stateful tool, with one instance of state per trajectory.
 
-A rollout drives a tool through this lifecycle (every method async, ids are strings):
-
-    instance_id, creation_response = await tool.create(instance_id=None, **kwargs)   # per trajectory
-    response, step_reward, metrics = await tool.execute(instance_id, parameters)     # per call, repeatable
-    reward = await tool.calc_reward(instance_id)                                     # optional, at the end
-    await tool.release(instance_id)                                                  # always, in `finally`
-
-`parameters` is the decoded arguments dict of the model's call; `response` is a `ToolResponse`. The defaults
-keep no state: `create` hands back the given id (or a fresh uuid4), `execute` answers a fixed text with reward
-0.0, `calc_reward` is 0.0 and `release` does nothing. A subclass overrides what it needs and keeps the
-constructor signature `(config, tool_schema)`, which the tool-config YAML loader
-(`verl.tools.tool_registry.initialize_tools_from_config`) calls with the entry's `config` dict and its parsed
-`tool_schema` (None when the YAML gives none: the subclass's `get_openai_tool_schema()` supplies it then).
-
-Differences from verl 0.9.1: the schema is logged (at INFO), not printed, and `execute` is not wrapped in
-verl's rollout tracer.
-
-Layer 1 (utilities): the standard library and `verl.tools.schemas` (pydantic).
+Lifecycle (all async): `create(instance_id=None, **kwargs)` -> (instance_id, ToolResponse) per trajectory,
+`execute(instance_id, parameters)` -> (ToolResponse, step_reward, metrics) per call, `calc_reward(instance_id)`,
+`release(instance_id)` in `finally`. Subclasses keep the constructor `(config, tool_schema)`, which
+`verl.tools.tool_registry.initialize_tools_from_config` calls. Unlike verl 0.9.1 the schema is logged, not
+printed. Layer 1: the standard library and `verl.tools.schemas`.
 """
 
 from __future__ import annotations

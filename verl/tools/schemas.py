@@ -1,23 +1,9 @@
 """Pydantic models of verl's tool API: the OpenAI function-tool schema, a model's tool calls, a tool's response.
 
-A tool schema, as offered to the model (the chat template's `tools=[...]` entry):
-
-    OpenAIFunctionToolSchema(type="function", function=OpenAIFunctionSchema(
-        name, description, parameters=OpenAIFunctionParametersSchema(
-            type="object", properties={name: OpenAIFunctionPropertySchema(type, description, enum)},
-            required=[...]),
-        strict=False))
-
-A property's `type` is a JSON type name or a list of them (`["integer", "number"]` for `int | float`,
-`["string", "null"]` for `str | None`); `enum` may hold any JSON values (`Literal[1, 2, 3]`). Fields verl's
-models do not declare (`items`, `default`, ...) are dropped on validation, as in verl.
-
-A model's call: `OpenAIFunctionParsedSchema` (name, arguments as the JSON text the model wrote) becomes an
-`OpenAIFunctionCallSchema` (arguments as a dict) through `from_openai_function_parsed_schema`, which also
-reports whether the text failed to decode. `ToolResponse` is what `BaseTool.execute` returns: text and/or
-lists of images and videos (a bare image is refused with a message saying to wrap it; None is accepted).
-
-Layer 1 (utilities): the standard library and pydantic (v2).
+A property's `type` is a JSON type name or a list of them; `enum` may hold any JSON values; undeclared fields are
+dropped on validation, as in verl. `OpenAIFunctionCallSchema.from_openai_function_parsed_schema` decodes a call's
+JSON arguments and reports failure. `ToolResponse` holds text and/or lists of images and videos.
+Layer 1: the standard library and pydantic (v2).
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The tool-config YAML loader (verl's `rollout.multi_turn.tool_config_path`) and `load_all_tools`.
 
-A tool config lists `BaseTool` subclasses by import path, each with its `config` (whose `type` says how the
-tool runs: only `native`, an in-process Python tool, as in verl 0.9.1) and optionally its `tool_schema`:
-
-    tools:
-      - class_name: my_pkg.search.SearchTool       # "module.Class", imported by name
-        config: {type: native, topk: 3}           # passed to the class as `config` (a plain dict)
-        tool_schema:                              # an OpenAIFunctionToolSchema; omit it when the class
-          type: function                          # builds its own (get_openai_tool_schema)
-          function: {name: search, description: ..., parameters: {type: object, properties: {...}}}
-
-`initialize_tools_from_config(path)` builds one instance per entry, `cls(config=..., tool_schema=...)`, every
-call anew; OmegaConf reads the file, so `${...}` interpolations resolve as in verl. `load_all_tools` adds the
-function tools of `function_tool_path` (`verl.tools.function_tool`) and refuses a name given by both.
-Every error names the entry (`tools[i]`), the file and the bad value.
-
-Layer 1 (utilities): the standard library, omegaconf, pydantic (through `verl.tools.schemas`) and the
-modules of `verl.tools`; the tool classes named in a config are imported when the config is loaded.
+`initialize_tools_from_config(path)` builds one instance per `tools:` entry, `cls(config=..., tool_schema=...)`
+(`class_name` imported by name; `config.type` must be `native`, as in verl 0.9.1; OmegaConf resolves `${...}`).
+`load_all_tools` adds the function tools of `function_tool_path` and refuses a name given by both. Errors name the
+entry (`tools[i]`), the file and the bad value. Layer 1: the standard library, omegaconf and `verl.tools`.
 """
 
 from __future__ import annotations

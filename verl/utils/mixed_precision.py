@@ -1,26 +1,10 @@
 """Mixed precision of one FSDP module: verl's `fsdp_config.mixed_precision` and `fsdp_config.dtype`.
 
-Owns `resolve_mixed_precision(fsdp_cfg, where)` -> `MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`
-(canonical names float32 | bfloat16 | float16, or None = leave as the parameters/buffers are) and
-`canonical_dtype`. The driver's start-up check (`verl.trainer.config.checks`) and the FSDP workers
-(`verl.utils.fsdp_utils.fsdp_mixed_precision`) read the same rules. Pure Python: must not import torch.
-
-Semantics (verl 0.9.1, `verl/workers/engine/fsdp/transformer_impl.py` `_build_fsdp_module`):
-- The master weights and the optimizer state are in `fsdp_config.model_dtype` (verl: fp32); these settings
-  only change what the forward/backward computes in and how gradients are reduced.
-- `mixed_precision` (verl's default null) is a mapping of `param_dtype` (compute dtype: FSDP2 casts the
-  gathered parameters to it), `reduce_dtype` (gradient reduce-scatter; default fp32) and `buffer_dtype` (default
-  fp32). Spellings: fp32 | bf16 | fp16, float32 | bfloat16 | float16, 32 | 16 (verl's `PrecisionType`).
-- Precedence: `mixed_precision.param_dtype` wins over `fsdp_config.dtype` (verl's FSDP engine reads only the
-  mapping; `dtype` is its Megatron engine's key). A mapping without `param_dtype` and a null mapping compute in
-  `fsdp_config.dtype` (whose default, bfloat16, equals verl's default of the mapping).
-- Null mapping: a low-precision `dtype` computes in it with float32 gradient reduction; float32 sets no policy.
-- `buffer_dtype`: FSDP2 (`MixedPrecisionPolicy`) has no buffer dtype, unlike FSDP1's `MixedPrecision`: buffers
-  are not sharded and FSDP2 never casts them. `apply_fsdp2` casts the module's floating-point buffers (e.g. the
-  rotary `inv_freq`) to it once, before sharding; with a null mapping buffers stay as loaded (verl's FSDP2 path
-  ignores `buffer_dtype` altogether).
-- On CPU the driver turns the implicit default `dtype: bfloat16` into float32 (`resolve_cpu_dtypes`), but a
-  `mixed_precision.param_dtype` is an explicit request and is honoured: bf16 compute runs on CPU too.
+Owns `resolve_mixed_precision(fsdp_cfg, where)` -> `MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)` and
+`canonical_dtype`, read by the start-up checks and `fsdp_utils.fsdp_mixed_precision`. `mixed_precision.param_dtype`
+wins over `fsdp_config.dtype`; reduce and buffer dtypes default to fp32; a null mapping computes in `dtype` (fp32:
+no policy). FSDP2 never casts buffers, so `apply_fsdp2` casts floating buffers to `buffer_dtype` once.
+Pure Python: must not import torch.
 """
 
 from __future__ import annotations

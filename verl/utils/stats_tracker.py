@@ -1,26 +1,10 @@
 """Named statistics of a hand-written training loop (AReaL's `stats_tracker`): record under scopes, export aggregates.
 
-    with stats_tracker.record_timing("rollout"):       # seconds, under "timeperf/rollout"
-        batch = rollout.rollout_batch(rows, workflow)
-    with stats_tracker.scope("actor"):                  # keys recorded inside start with "actor/"
-        stats_tracker.scalar(**actor.train_reinforce(batch))
-        stats_tracker.denominator(n_tokens=batch["loss_mask"].bool())
-        stats_tracker.stat(reward=batch["rewards"].float(), denominator="n_tokens")
-    metrics = stats_tracker.export()                   # {"actor/loss": ..., "actor/reward/avg": ..., ...}; cleared
-
-- `scope(name)`: a context manager; scopes nest (`actor/ppo/loss`);
-- `scalar(**numbers)`: exported as the mean over the calls since the last export;
-- `denominator(**bool_masks)`: exported as the count of true elements; `stat(denominator=name, **float_tensors)`
-  takes tensors of the last such mask's shape, exported as `key/avg`, `key/min`, `key/max` over its true elements
-  (left out while none was true);
-- `record_timing(name)`: the seconds its block took, a scalar under `timeperf/name` whatever the scope;
-- `export(key=None, reduce_group=None, reset=True)`: {key: float} of everything recorded (or of `key` and the keys
-  under it, in the current scope); with a torch.distributed group, over all its ranks (each must call it; a key
-  recorded on any rank counts); `reset` forgets what was exported.
-
-Values are kept as running (sum, count, min, max), so recording is cheap and memory does not grow. The module-level
-functions use one `DEFAULT_TRACKER`; scopes belong to the tracker, so record from one thread at a time when
-scopes are in use. Layer 1: torch only.
+`scope(name)` nests key prefixes; `scalar(**numbers)` exports the mean since the last export; `denominator(**masks)`
+the count of true elements; `stat(denominator=name, **tensors)` `key/avg|min|max` over that mask;
+`record_timing(name)` seconds under `timeperf/name`; `export(key=None, reduce_group=None, reset=True)` returns
+{key: float} (over all ranks of a group). Values are running (sum, count, min, max). Module-level functions use
+`DEFAULT_TRACKER`. Layer 1: torch only.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The reward model of one rank as a `Worker`: a frozen sequence classifier that scores prompt + response.
 
-Owns `RewardModelWorker` (role `Role.RewardModel`, worker-group prefix "rm"; also importable from
-`verl.workers.fsdp_workers`, where verl's legacy worker of that name lived) and `check_reward_model_config`.
-
-Scoring (verl's legacy `RewardModelWorker`): an `AutoModelForSequenceClassification` with one label, FSDP2-sharded
-over the group, reads each sequence; its head's output at the sequence's last attended token is the score, placed
-on the last attended response token of `rm_scores` (bs, response_length), 0 elsewhere. HF's own pooling (last
-non-pad id) is not used: it misplaces the score when pad == eos.
-
-Tokenizers: when the reward model's tokenizer maps ids to the same tokens as the policy's and has the same chat
-template, the batch's `input_ids` are scored as they are. Otherwise (verl's `_switch_chat_template`; verl 0.9.1's
-reward loop does the same) each response is decoded with the policy's tokenizer (eos removed), appended to the
-row's chat `raw_prompt` (`data.return_raw_chat=true`) as the assistant turn, rendered with the reward model's chat
-template and encoded with its tokenizer.
-
-Config (the trainer passes `reward.reward_model` plus `device` and `input_tokenizer`, the policy's tokenizer path):
-`model_path`, `trust_remote_code`, `dtype`, `micro_batch_size_per_gpu`. verl's legacy section layout
-(`model.path`, `model.input_tokenizer`, `model.trust_remote_code`) is read too.
-
-Layer 7: imports layers 1-6 only (not `fsdp_workers`, which re-exports this class: no import cycle).
+Owns `RewardModelWorker` (role `Role.RewardModel`, prefix "rm"; re-exported by `verl.workers.fsdp_workers`) and
+`check_reward_model_config`. The head's output at the last attended token is placed on the last response token of
+`rm_scores`. When the reward model's tokenizer or chat template differs from the policy's, each response is
+decoded, appended to the row's `raw_prompt` and re-rendered with the reward model's template (verl's
+`_switch_chat_template`). Config: `model_path`, `trust_remote_code`, `dtype`, `micro_batch_size_per_gpu` (verl's
+legacy `model.*` layout too). Layer 7: must not import `fsdp_workers`.
 """
 
 from __future__ import annotations

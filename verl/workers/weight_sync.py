@@ -1,36 +1,11 @@
 """Weight sync from the FSDP2 actor to a rollout engine (`model_update`), streamed from the shards.
 
-Owns `actor_weights` / `actor_weight_buckets` (the actor's weights as a stream of tensors, or of buckets, gathered
-from its FSDP2 shards only when due), `sync_rollout_weights` (what the worker calls after every actor update), the
-name mapping and LoRA merge for engines without adapters (`engine_name`, `merged_lora_name`, `merge_lora_weight`)
-and `GatherStats` (bytes of gathered tensors alive, for tests and benchmarks). Async mode streams the same buckets
-to a rollout group in other processes (`verl.workers.weight_stream`).
-
-How a sync goes: the actor's parameters and persistent buffers are walked in module order without gathering
-anything. Each tensor is gathered (`full_tensor()`, after its local shard is cast to the engine's dtype) on the
-mesh's device, so on GPU nothing goes through host memory, when the engine asks for it:
-- an engine that loads tensor by tensor (`hf` with LoRA adapters; verl's `update_weights` contract) gets
-  `(name, tensor)` pairs one at a time: one gathered tensor alive at once;
-- an engine with `takes_buckets` (`vllm`, `sglang`: one engine request per bucket) gets lists of pairs of at most
-  `rollout.checkpoint_engine.update_weights_bucket_megabytes` (verl's key and meaning, default 2048; a larger
-  tensor travels alone), gathered as the bucket fills: one bucket alive at once.
-- an engine that exposes its own model (`in_place_module()`: `hf` without LoRA) gets each tensor written straight
-  into its parameter: every rank broadcasts its FSDP2 rows into the others' copies (`sync_in_place`), so nothing is
-  gathered at all (on gloo a gathered tensor costs twice its size: the output and the collective's buffer).
-Any way a sync costs per rank at most one tensor or one bucket on top of the actor's shard and the engine's own
-copy, never a second full model (plus the collective's own buffer, about one more tensor on gloo). Checkpoint export
-(`fsdp_utils.get_full_state_dict`) still gathers the whole model.
-
-What is sent, under the engine model's names (FSDP / activation-checkpoint / torch.compile wrapper prefixes
-stripped; a tied weight once, under its first name):
-- `full` (no LoRA): every parameter and persistent buffer.
-- `adapters` (LoRA, an engine holding the same peft adapters: `hf`): the `lora_` parameters only.
-- `merged` (LoRA, an engine built from model.path: `vllm`, `sglang`): W + scaling * B @ A for every LoRA layer and
-  the other weights as they are, under the plain HF names (`base_model.model.` and `.base_layer` dropped).
-
-A collective: every rank of the actor's mesh runs the same sync, and the stream must be read to its end (the hf
-engine keeps reading past a name it does not know and raises afterwards, so no rank is left inside a gather).
-Layer 5 helper (used by the FSDP workers): imports torch only, never Ray.
+Owns `actor_weights` / `actor_weight_buckets` (gathered lazily, one tensor or one bucket of
+`update_weights_bucket_megabytes` alive at once), `sync_rollout_weights` (called after every actor update; an
+engine exposing `in_place_module()` gets each rank's rows broadcast into its parameters, nothing gathered), the
+name mapping and LoRA merge (`engine_name`, `merged_lora_name`, `merge_lora_weight`: `full`, `adapters` or
+`merged` weights under the engine's names, a tied weight once) and `GatherStats`. A collective: every rank runs
+the same sync and reads the stream to its end. Layer 5 helper: torch only, never Ray.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""`@register`: how a Worker method called on a whole worker group splits its arguments across the ranks
-(dispatch), which ranks run it (execute) and how the per-rank results are merged (collect). verl's API.
+"""`@register`: how a Worker method called on a whole worker group splits its arguments across the ranks (dispatch),
+which ranks run it (execute) and how the per-rank results are merged (collect). verl's API.
 
-Owns the `Dispatch` and `Execute` modes (`DynamicEnum`s: `register_dispatch_mode` adds one), verl's dispatch and
-collect functions (`dispatch_fn(worker_group, *args, **kwargs) -> (per-rank arg lists, per-rank kwarg lists)`,
-`collect_fn(worker_group, outputs)`, in `DISPATCH_MODE_FN_REGISTRY`), the nd helpers
-(`make_nd_compute_dataproto_dispatch_fn(mesh_name)`: dispatch by the data-parallel rank each worker registered
-for the mesh) and the two functions the worker groups run every call through: `dispatch_calls` and
-`collect_outputs`. Knows nothing about Ray; must not import trainer or worker code.
-
-Dispatch modes (verl's names):
-- `ONE_TO_ALL`: every rank gets the same arguments; the result is the list of the ranks' outputs.
-- `ALL_TO_ALL`, `DP_COMPUTE`: every argument is a list (or tuple) with one item per rank; rank i gets item i.
-- `RANK_ZERO`: only rank 0 runs the method; the result is its output (not a list).
-- `DP_COMPUTE_PROTO`, `DP_COMPUTE_METRIC`: every argument is a `DataProto` (or TensorDict / DataProtoFuture) of
-  one length N, cut into `world_size` chunks, rank i gets chunk i. A DataProto whose N is not a multiple of the
-  world size is padded with copies of its first rows (`pad_dataproto_to_divisor`); each padded chunk says in
-  `meta_info[PADDING_ROWS_KEY]` how many of its last rows are padding, so that updates mask them out
-  (`verl.protocol.real_row_mask`). DataProto outputs are concatenated in rank order and the padding rows
-  removed; outputs of any other type come back as the list of the ranks' outputs (DP_COMPUTE_METRIC: always).
-- `DP_COMPUTE_PROTO_WITH_FUNC`: the first argument is a function every rank gets, the rest as DP_COMPUTE_PROTO.
-- a dict `{"dispatch_fn", "collect_fn"}` (e.g. `make_nd_compute_dataproto_dispatch_fn`): verl's custom mode.
-
-Execute modes: `Execute.ALL` runs the method on every rank; `Execute.RANK_ZERO` runs it on rank 0 only with
-rank 0's share of the dispatched arguments and returns rank 0's output as is.
+Owns `Dispatch` and `Execute` (`DynamicEnum`s), verl's dispatch/collect functions (`DISPATCH_MODE_FN_REGISTRY`),
+the nd helpers (`make_nd_compute_dataproto_dispatch_fn`) and `dispatch_calls` / `collect_outputs`, which the worker
+groups run every call through. DP_COMPUTE_PROTO pads a DataProto whose length is not a multiple of the world size
+(`pad_dataproto_to_divisor`), marks the padding rows in `meta_info[PADDING_ROWS_KEY]` and removes them from the
+concatenated output. Knows nothing about Ray; must not import trainer or worker code.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Worker groups on Ray: one Ray actor per process of a resource pool, driven as one object.
 
-Owns `RayWorkerGroup`, `WorkerGroupFuture` and `WorkerDiedError`; re-exports the resources (`RayResourcePool`,
-`RayClassWithInitArgs`, from `resource_pool`) and the fused workers (`create_colocated_worker_cls`,
-`create_colocated_worker_raw_cls`, from `colocate`), verl's import path for them. Library code here never calls
-`ray.init`: the trainer (or a test fixture) starts Ray first. Must not import trainer or worker (layer 7) code.
-
-A call on a group, e.g. `critic_wg.compute_values(batch)`, runs the `@register`ed method of the same name on
-every actor: the decorator's dispatch mode splits the arguments per rank, every rank runs, the outputs are
-collected. Blocking methods return the collected result. Methods registered with `blocking=False` return a
-`WorkerGroupFuture` at once; the caller collects it with `.get()`, e.g. to overlap two groups:
-
-    critic_future = critic_wg.update_critic(batch)   # non-blocking: returns immediately
-    actor_output = actor_wg.update_actor(batch)      # runs while the critic updates
-    critic_output = critic_future.get()              # waits for every critic rank, then collects
-
-Failures are bounded in time: when a worker process dies (killed, crashed, `os._exit`), the call raises
-`WorkerDiedError` naming the method, the role and the rank as soon as Ray reports the death, even while other
-ranks are still busy; with `call_timeout_s` set, a call still unfinished after that many seconds raises
-`TimeoutError` naming the method, the role and the first unfinished rank (the remote work is not cancelled).
+Owns `RayWorkerGroup`, `WorkerGroupFuture` (what a `blocking=False` method returns; `.get()` collects) and
+`WorkerDiedError` (raised as soon as Ray reports a worker's death, naming method, role and rank; `call_timeout_s`
+bounds a call with `TimeoutError`); re-exports `RayResourcePool`, `RayClassWithInitArgs` and the fused-worker
+factories under verl's import path. Never calls `ray.init`. Must not import trainer or worker code.
 """
 
 from __future__ import annotations

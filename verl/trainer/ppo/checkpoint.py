@@ -1,24 +1,11 @@
-"""Run-level checkpoint folders of the PPO trainer: `<root>/global_step_{N}/` holding `actor/`,
-`critic/` and `trainer_state.pt`, plus verl's tracker file `latest_checkpointed_iteration.txt`.
+"""Run-level checkpoint folders of the PPO trainer: `<root>/global_step_{N}/` (`actor/`, `critic/`,
+`trainer_state.pt`) and verl's tracker file `latest_checkpointed_iteration.txt`.
 
-Guarantees: a step folder is written under a temporary name and renamed only when every part is
-complete (a crash mid-write never leaves a broken `global_step_N`), the tracker is replaced
-atomically after that rename, and retention deletes old folders only after the new one is complete.
-
-Retention (verl's `trainer.max_actor_ckpt_to_keep` / `max_critic_ckpt_to_keep`): the actor limit N keeps the N
-newest step folders (a folder without its actor cannot be resumed, so an old folder goes whole, critic included);
-the critic limit M then removes `critic/` from all but the M newest folders. The newest folder always keeps both,
-so "latest" is never broken. Anything deleted is first renamed out of the way (one atomic rename), so a crash
-mid-deletion leaves either the whole part or no part, never a half-deleted one under its real name.
-
-Every rank writes its own files of a part where it runs; the driver commits the folder on its node. So the folder
-must be storage every node shares: `check_shared_storage` says so before training when a worker does not see a file
-the driver wrote there, and `check_parts_visible` refuses to commit a step whose parts (as each rank reported them)
-the driver does not see, instead of marking a checkpoint complete that holds only some ranks' shards.
-
-Also owns `should_save_ckpt_esi` (verl's forced save before a cloud capacity block expires).
-
-Layer 8 helper: file-system work, and asking worker groups what they see (`sees_path`).
+Guarantees: a step folder is written under a temporary name and renamed when complete, the tracker replaced
+atomically after it, and retention (`max_actor_ckpt_to_keep` keeps whole folders, `max_critic_ckpt_to_keep` then
+drops older `critic/` parts) deletes by renaming out of the way first. The folder must be on storage every node
+shares: `check_shared_storage` and `check_parts_visible` refuse otherwise. Also owns `should_save_ckpt_esi`.
+Layer 8 helper.
 """
 
 from __future__ import annotations

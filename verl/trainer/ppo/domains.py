@@ -1,24 +1,10 @@
 """Multi-domain training data (ROLL's RLVR pipeline): `data.domains` and `data.domain_interleave_probs`.
 
-Owns the domain config and its checks (`DomainSpec`, `parse_domains`), the split of each step's batch across domains
-(`split_batch_size`, largest remainder), one sampler per domain with its own saved state (`DomainSampler`), and the
-dataset that puts the domains side by side with a `domain` column (`MultiDomainDataset`, `build_domain_datasets`).
-Layer 8 helper: no Ray, no models; the reward types come from layer 3 (`reward_types.py`).
-
-Config (every domain needs `train_files` and `reward`; the rest is optional):
-
-    data:
-      domains:
-        math: {train_files: [...], val_files: [...], reward: math_rule, weight: 1.0}
-        tools: {train_files: [...], reward: rlla}
-      domain_interleave_probs: {math: 0.5, tools: 0.5}
-
-`reward` is a reward worker type (`REWARD_TYPES`) or a data source of `default_compute_score` (then that data
-source scores every row of the domain). Per-domain reward processing keys (`reward_norm`, `reward_clip`,
-`reward_scale`, `weight`, `correct_threshold`) default to the `algorithm.*` / `reward.*` values.
-
-Each domain draws its rows from its own order: a permutation seeded by (data.seed, domain name, domain epoch),
-so a resumed run continues every domain exactly where it stopped, whatever the other domains did.
+Owns the domain config and its checks (`DomainSpec`, `parse_domains`), the split of each step's batch across
+domains (`split_batch_size`, largest remainder), one sampler per domain with its own saved state (`DomainSampler`:
+a permutation seeded by data.seed, domain name and domain epoch, so a resumed run continues every domain where it
+stopped) and `MultiDomainDataset` / `build_domain_datasets`. A domain's `reward` is a reward worker type or a data
+source of `default_compute_score`. Layer 8 helper: no Ray, no models.
 """
 
 from __future__ import annotations

@@ -93,9 +93,6 @@ class ResourcePoolManager:
     def get_resource_pool(self, role: Role) -> RayResourcePool:
         return self.resource_pool_dict[self.mapping[role]]
 
-    def get_n_processes(self) -> int:
-        return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
-
 
 def _first_fit(demands: list[float], capacities: list[float]) -> bool:
     """Whether every demand (largest first) fits on some node, each node's capacity shrinking as it fills."""

@@ -1,25 +1,11 @@
-"""Reward post-processing and the sample-level mask step of the RLVR pipeline (ROLL's `reward_postprocess` and
+"""Reward post-processing and the sample mask of the RLVR pipeline (ROLL's `reward_postprocess` and
 `get_sample_level_mask`), run per domain after scoring and before advantages.
 
-Owns `RunningMoments` (mean/std across steps, saved in checkpoints), `normalize_scores` (group / batch / running),
-`process_scores` (normalise -> clip -> scale -> weight), `MaskConfig`, `sample_mask` (overlong masking, DAPO's
-equal-reward group filter, ROLL's difficulty mask) and `mask_metrics`. Layer 8 helper: pure tensor/numpy code on
-a DataProto, no Ray.
-
-Processed reward of a sample (statistics over the samples the mask keeps):
-    r' = weight * reward_scale * clip(norm(r), -reward_clip, reward_clip)
-    norm(r) = (r - mean) / (std + 1e-6), mean/std of the sample's group (`group`, same uid), of the domain's
-    samples in this batch (`batch`) or of every score the domain has seen so far (`running`, updated with this
-    batch first); `null` leaves r as is. std is the unbiased (Bessel) std; a single value has mean 0, std 1
-    (as verl's GRPO treats a group of one).
-
-Sample mask (a sample the mask drops keeps its place in the batch but gets an all-zero `response_mask`, so it adds
-nothing to any loss; if every sample would be dropped the mask is not applied):
-    overlong `drop`: truncated responses (as long as `max_response_length`) are dropped; `zero`: their score is
-        set to 0 before anything else (a failed answer, not an unknown one).
-    filter_groups: a group (same uid) whose `metric` is equal for all its samples is dropped (DAPO).
-    difficulty_mask: a group whose pass rate (share of samples with score >= correct_threshold) lies outside
-        [difficulty_low_threshold, difficulty_high_threshold] is dropped.
+Owns `RunningMoments`, `normalize_scores` (group / batch / running; unbiased std, a single value has mean 0, std 1),
+`process_scores` (r' = weight * reward_scale * clip(norm(r), -reward_clip, reward_clip)), `MaskConfig`,
+`sample_mask` (overlong, DAPO's equal-reward group filter, ROLL's difficulty mask: a dropped sample keeps its place
+with an all-zero `response_mask`; a mask that would drop every sample is not applied) and `mask_metrics`.
+Layer 8 helper: no Ray.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Rollout correction (verl 0.9.1's `algorithm.rollout_correction`): importance weights and rejection masks for
-the gap between the policy that sampled a batch (pi_rollout: another engine, another precision, older weights)
-and the policy the trainer computes (pi_train), after Liu et al. 2025, "When Speed Kills Stability: Demystifying
-RL Collapse from the Training-Inference Mismatch" (https://richardli.xyz/rl-collapse).
+"""Rollout correction (verl 0.9.1's `algorithm.rollout_correction`): importance weights and rejection masks for the
+gap between the policy that sampled a batch (pi_rollout) and the one the trainer computes (pi_train).
 
-Owns verl's public functions of `verl.trainer.ppo.rollout_corr_helper`, same names, signatures and metric names:
-- `compute_rollout_correction_weights`: truncated IS weights w from log rho = log pi_train - log pi_rollout, per
-  token (w_t = rho_t) or per sequence (w = prod_t rho_t on every token); a single threshold truncates
-  (TIS, w = min(w, upper)), a "lower_upper" string zeroes weights outside [lower, upper] (IcePop); optionally
-  divided by their batch mean.
-- `compute_rollout_rejection_mask`: zero the response mask where a divergence estimate leaves its bounds, per
-  token or per sequence (sum, mean or max of k1 = -log rho, k2 = (log rho)^2 / 2, k3 = rho - 1 - log rho);
-  several comma-separated criteria must all pass.
-- `compute_rollout_correction_and_rejection_mask` (both, plus the off-policy metrics, keys `rollout_corr/*`),
-  `compute_rollout_correction_and_add_to_batch` (the trainer's decoupled mode: writes `rollout_is_weights` and the
-  rejected `response_mask` into the batch) and `apply_bypass_mode` (old_log_probs := rollout_log_probs, the
-  actor's loss becomes "bypass_mode").
-- `resolve_rollout_correction_config`: the start-up checks of the block (a bad value stops with one line) and,
-  in bypass mode, the actor's policy-loss settings verl's `apply_bypass_mode` writes.
-The metrics live in `rollout_corr_metrics` and are re-exported here. The loss of bypass mode is in
-`policy_loss_bypass`. Layer 3 (docs/architecture.md#layers): torch, `verl.utils.torch_functional`, `verl.protocol`, omegaconf; it
-must not import core_algos, models, Ray or workers.
+Owns verl's public functions of this module (same names, signatures and `rollout_corr/*` metric names): truncated
+IS weights (`compute_rollout_correction_weights`), divergence-based rejection masks
+(`compute_rollout_rejection_mask`), both with metrics, the decoupled and bypass modes and
+`resolve_rollout_correction_config` (start-up checks). Metrics live in `rollout_corr_metrics` (re-exported here).
+Layer 3: must not import core_algos, models, Ray or workers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
-"""The training-engine interface (verl 0.9.1's `verl.workers.engine.BaseEngine`) and the engine registry.
+"""The training-engine interface (verl 0.9.1's `verl.workers.engine.BaseEngine`) and `EngineRegistry`.
 
-A training engine owns one model of one data-parallel rank with its optimizer and LR schedule, and runs
-batches through it with a loss function the caller supplies. verl's contract, kept name for name:
-- `initialize()` builds model, optimizer and schedule; `train_mode()` / `eval_mode()` are context managers;
-- `forward_backward_batch(data, loss_function, forward_only=False)` cuts `data` (a TensorDict) into
-  micro-batches, runs the forward (and backward) of each and returns
-  `{"model_output": {...}, "loss": [per micro-batch], "metrics": {name: [per micro-batch]}}`;
-  `loss_function(model_output, data, dp_group) -> (loss, metrics)` is called once per micro-batch;
-- `train_batch(data, loss_function)` = zero grads, `forward_backward_batch`, `optimizer_step()` (clipped; its
-  grad norm goes into `metrics["grad_norm"]`); `infer_batch(data, loss_function=None)` = the forward only;
-- `optimizer_zero_grad`, `optimizer_step`, `lr_scheduler_step`, `save_checkpoint`, `load_checkpoint`,
-  `get_per_tensor_param`, `get_data_parallel_size/rank/group`, `to`, `disable_adapter`.
-Settings travel with the data as non-tensor entries of the TensorDict (verl's keys: `temperature`,
-`micro_batch_size_per_gpu`, `use_dynamic_bsz`, `max_token_len_per_gpu`, `calculate_entropy`, ...; see
-`verl.workers.engine.fsdp`).
-
-`EngineRegistry` maps (model type, backend, device) to an engine class, as verl's does.
-Layer 5 (docs/architecture.md#layers): torch and tensordict; no Ray, no trainer code.
+An engine owns one data-parallel rank's model, optimizer and LR schedule. verl's contract, name for name:
+`initialize`, `train_mode` / `eval_mode`, `forward_backward_batch(data, loss_function, forward_only)` (returns
+`{"model_output", "loss", "metrics"}` per micro-batch), `train_batch`, `infer_batch`, the optimizer and checkpoint
+calls. Settings travel as non-tensor entries of the TensorDict. Layer 5: torch and tensordict only.
 """
 
 from __future__ import annotations

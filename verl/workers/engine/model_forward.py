@@ -1,34 +1,12 @@
 """The model forward of the log-prob, update and value passes, in three layouts with equal results.
 
-Owns `response_outputs`: the model's output (`.logits`) at the positions that predict each response token, as
-a flat (K, D) tensor plus the (bs, response_len) mask of which positions it holds. The caller turns it into
-log-probs or values and scatters them back (`scatter_to_responses`). Layouts:
-
-- padded (default): the (bs, seq_len) batch less its common left padding; the LM head runs only on the
-  response positions (`logits_to_keep`).
-- packed (`use_remove_padding`): the real tokens of all rows in one (1, nnz) row, each sequence's
-  `position_ids` starting at 0, plus the sequence boundaries (`cu_seq_lens_q/k`, HF's varlen keywords).
-  `flash_attention_2` (GPU) runs its varlen kernel on them. `sdpa` is switched to `verl_sdpa_varlen` (by every
-  layout: for padded calls it is HF's sdpa, but on CPU a masked call keeps grouped KV heads grouped instead of
-  copying each to its query heads): for a packed call, on CUDA in half precision one call of torch's varlen flash kernel
-  (`torch.nn.attention.varlen`), elsewhere causal SDPA run sequence by sequence, so no compute goes to padding
-  or to the cross-sequence blocks a block-diagonal mask would still multiply (that mask costs O(nnz^2) per
-  micro-batch, several times a padded forward on CPU). `eager` gets transformers' block-diagonal mask built from the
-  position-id restarts. Positions after a response's end (masked) are not computed; their outputs are left
-  out of K.
-- shared prompt (`share_prompt_prefix`): rows whose prompts are identical (GRPO's n samples of one prompt)
-  run that prompt once; the prompt's KV cache is copied to its rows and the responses run on it. Causal
-  attention makes the prompt's states independent of the response, so this equals the full forward; autograd
-  flows through the copies, so it serves the update pass too. Not with gradient checkpointing (HF drops the
-  cache there).
-
-The LM head (`head=HeadSpec(...)`): the model's own head is swapped, for the call, for `_HeadCall`, which turns the
-hidden states of the kept positions into per-token statistics (`head_stats.head_token_stats`: log-prob of the label,
-entropy, sum pi^2, a chunk of logits at a time). The head runs inside the model call, so an FSDP2 root has its (tied)
-weight gathered as for `.logits`.
-
-Also `prompt_group_order`, which reorders rows so that identical prompts sit together in micro-batches.
-Layer 5 (the engine's forward): torch and the model only, no Ray.
+Owns `response_outputs` (the model's output at the positions that predict each response token, flat (K, D), plus
+its (bs, response_len) mask; `scatter_to_responses` puts results back) and `prompt_group_order`. Layouts: padded
+(common left padding cut, `logits_to_keep`), packed (`use_remove_padding`: one (1, nnz) row with `cu_seq_lens`;
+`sdpa` becomes `verl_sdpa_varlen`, run per sequence or by torch's varlen flash kernel) and shared prompt
+(`share_prompt_prefix`: identical prompts run once, their KV cache copied to the rows; not with gradient
+checkpointing). `head=HeadSpec(...)` swaps the LM head for per-token statistics computed a chunk at a time.
+Layer 5: torch and the model only.
 """
 
 from __future__ import annotations

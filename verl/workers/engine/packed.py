@@ -1,25 +1,11 @@
 """AReaL-lite's way of training: a loss over packed sequences, micro-batch losses combined by a weight.
 
-`train_batch(engine, data, loss_fn, loss_weight_fn)` (what `FSDPEngine.train_batch(data, loss_fn=...,
-loss_weight_fn=...)` runs):
-1. `data` is a padded batch (a TensorDict or dict of (bs, L, ...) per-token and (bs, ...) per-row tensors with an
-   `attention_mask`), e.g. what `AsyncRolloutEngine.rollout_batch` returns;
-2. it is cut into micro-batches (`micro_batch_size_per_gpu` rows, or a token budget `max_token_len_per_gpu` with
-   `use_dynamic_bsz`: the engine's defaults or non-tensor entries of `data`), the same number on every rank;
-3. each micro-batch is packed (`verl.utils.packing.pack_tensor_dict`: the real tokens of all its rows one after
-   the other, `cu_seqlens`), the model runs on the packed sequences and `loss_fn(logits (nnz, vocab), packed)`
-   gives a scalar;
-4. the micro-batch's gradient is weighted by `loss_weight_fn(packed) / sum of all weights over all micro-batches
-   and ranks` (times the data-parallel size, as FSDP averages gradients over ranks): with the number of loss
-   tokens as the weight, the step is that of the token mean over the whole global batch, however it is split;
-5. one clipped optimizer step. Returns `{"loss", "grad_norm", "lr", "update_successful"}` as floats.
-
-`eval_batch` is 1-4 without gradients (the weighted loss); `forward` returns the logits (or what `post_hook(logits,
-packed)` makes of them) back in the padded layout of `data`. A rank with fewer rows than another still runs as
-many micro-batches (an empty one is a one-token dummy of weight 0), so FSDP's collectives pair up; a micro-batch of
-weight 0 runs its forward and backward without calling `loss_fn` (whose token mean would be 0/0).
-
-Layer 5: torch and the engine utilities; no Ray.
+`train_batch(engine, data, loss_fn, loss_weight_fn)`: the padded batch is cut into micro-batches (the same number
+on every rank; an empty one is a zero-weight dummy), each packed (`pack_tensor_dict`), `loss_fn(logits, packed)`
+weighted by `loss_weight_fn(packed) / total weight over all micro-batches and ranks` (times dp size), then one
+clipped optimizer step; returns `{"loss", "grad_norm", "lr", "update_successful"}`. `eval_batch` is the same
+without gradients; `forward` returns logits (or `post_hook`'s result) in the padded layout.
+Layer 5: torch and the engine utilities.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """The request-level engine API (AReaL-lite's `agenerate`) over any rollout engine, with request batching.
 
-Owns `GenerationHyperparameters` (one request's sampling knobs), `ModelRequest` / `ModelResponse`, and
-`AsyncRolloutEngine`, which turns many concurrent `await engine.agenerate(request)` calls into few batched
-`generate_sequences` calls of a `BaseRollout` (HF, vLLM or a registered engine):
-
-- a request is queued and the caller waits on a future; the first request of a burst starts a flusher that
-  waits `window_s` (other coroutines queue theirs meanwhile), then takes up to `max_batch_size` requests,
-  groups them by sampling settings (greedy, temperature, top_p, top_k) and runs one `generate_sequences` per
-  group on left-padded prompts; every future gets its own `ModelResponse`;
-- requests queued in the same event-loop turn are always in the same batch, in arrival order, so a
-  workflow that starts all its episodes at once gets one generate call per sampling setting and a
-  deterministic result for a given seed;
-- the engine generates up to its `rollout.response_length` tokens; a request's smaller `max_new_tokens` and
-  its `stop` strings cut its own output afterwards (a prefix of a sample is a sample of the shorter budget).
-
-For a hand-written loop (AReaL-lite's `InferenceEngine` API; `InferenceEngine` is this class):
-`rollout_batch(rows, workflow)` runs `workflow.arun_episode(engine, row)` on every dict row concurrently and stacks
-the returned TensorDicts, right-padded (`verl.utils.packing.concat_padded_tensors`); `set_version` / `get_version`
-set the policy version stamped on generated tokens; `update_weights(meta)` takes new weights
-(`verl.workers.engine.io_struct.WeightUpdateMeta`) and returns a future; `initialize(None, ft_spec)` is AReaL's
-start-up call (the engine is in-process and ready once built; a server address is refused); `device` is where its
-model is. `build_inference_engine` (in `inference_engine.py`) makes one from a model folder.
-
-Seeds: with `meta_info["seed"]` (what the trainer passes) the first generate call uses exactly that seed and
-later ones a seed derived from it and the call index; without one the engine's own counter is used.
-Versions: every output token carries the policy version of the weights that made it: `meta_info
-["policy_version"]` (set by the worker), else the engine's `weight_version` (0 when it tracks none).
-
-The flusher runs `generate_sequences` on the event loop's thread (generation is CPU/GPU bound; the loop
-has nothing else to do meanwhile), which keeps batching and results deterministic.
-
-Layer 5: imports torch, verl.protocol, verl.utils and the rollout base; must not import Ray.
+Owns `GenerationHyperparameters`, `ModelRequest` / `ModelResponse` and `AsyncRolloutEngine` (also AReaL-lite's
+`InferenceEngine`): concurrent `agenerate` calls are queued, flushed after `window_s` in batches of up to
+`max_batch_size`, grouped by sampling settings, one `generate_sequences` per group (requests of one event-loop turn
+share a batch, in arrival order: deterministic for a seed); a smaller `max_new_tokens` or `stop` cuts a request's
+output afterwards. Also `rollout_batch`, `set_version` / `get_version` (stamped on every token), `update_weights`
+and `initialize`. Seeds: `meta_info["seed"]` for the first call, derived ones after.
+Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

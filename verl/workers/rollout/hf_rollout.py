@@ -1,29 +1,11 @@
 """The `hf` rollout engine: sampling with a HF model (CPU and GPU, the default).
 
-Owns `HFRollout`. Two ways to hold the policy:
-- the actor's own FSDP2 module (what the worker does when the rollout computes in the actor's dtype): each
-  `generate_sequences` gathers the shards once (`fsdp_utils.unsharded`), generates with no collective inside (so
-  ranks may stop at different lengths and micro-batch counts) and reshards; there is no second copy of the
-  weights and no weight sync: the engine always generates with the weights the actor just trained;
-- its own plain copy (another dtype, or a standalone rollout group in async mode): after every actor update the
-  worker writes the actor's weights into it (`verl.workers.weight_sync`: in place, or one gathered tensor at a time
-  through `update_weights` for LoRA adapters), never holding a second full copy.
-Either way the log-probs equal the actor's on the same weights up to KV-cache rounding (~1e-6).
-
-Generation is a plain KV-cache sampling loop (HF's own logits warpers for temperature, top-k, top-p, in HF's
-order) rather than `model.generate`, for two savings `generate` does not make: each distinct prompt of a
-micro-batch is prefilled once and its cache copied to the rows that share it (the `rollout.n` samples of a
-prompt), and a row that has emitted an eos leaves the batch, so finished sequences cost nothing. Micro-batches are
-length-sorted and cut their common left padding. Every row's random draws (one uniform per position) are drawn up
-front from the call's seed, so its samples do not depend on the micro-batch size or on which rows finished first.
-Greedy decoding gives what `generate` gives.
-
-The device's speed-ups (`verl.utils.acceleration`) may replace parts of the loop; on a CPU (`verl.cpu`) the rows of
-a prompt decode against its one copy of the prompt's keys and values, Qwen2/Qwen3/Llama decode steps run straight
-from the parameters, the sampling and its log-probs take one fused kernel call per step, and wide micro-batches'
-products may go through OpenBLAS. On other devices the loop is plain HF forwards over a preallocated per-row cache.
-
-Layer 5: imports torch, transformers, verl.protocol and verl.utils; must not import Ray.
+Owns `HFRollout`. It holds either the actor's own FSDP2 module (gathered once per `generate_sequences`, no weight
+sync) or its own plain copy updated by `verl.workers.weight_sync`. Generation is a KV-cache sampling loop with HF's
+logits warpers: each distinct prompt is prefilled once and its cache shared by its rows, finished rows leave the
+batch, and every row's random draws come up front from the call's seed (results do not depend on micro-batching).
+Greedy equals `generate`. On CPU the `verl.cpu` speed-ups may replace parts of the loop.
+Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

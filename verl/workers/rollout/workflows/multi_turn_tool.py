@@ -1,27 +1,10 @@
 """The `multi_turn_tool` workflow: the model calls Python tools in `<tool_call>` JSON and reads `<obs>` turns.
 
-One episode, on the token level (no re-tokenisation of what the model wrote):
-
-    prompt | turn 1 (model, stops after "</tool_call>") | "<obs> result </obs>" (tools) | turn 2 (model) | ...
-
-A turn with `<tool_call>` blocks runs every call (`verl.envs.tools`: registered typed functions) and
-appends their observations; a turn without one (a `<response>`, or text ended by eos) ends the episode, as
-do `rollout.multi_turn.max_turns` model turns (no observation is appended after the last allowed turn) and
-the `rollout.response_length` token budget shared by all turns. Bad JSON, unknown tools, wrong arguments,
-exceptions and timeouts become `error: ...` observations: the episode never crashes on model output.
-
-Training fields: `response_mask` is the loss mask (1 on model tokens, 0 on observation tokens, which stay
-in `attention_mask`); `rollout_log_probs` are 0 on observation tokens. The trainer's reward function scores
-the whole response (model turns and `<obs>` lines) after the episode. Non-tensor `num_turns` counts the
-model turns of each row.
-
-Config (`actor_rollout_ref.rollout.multi_turn`): `format` (verl's tool-call format: `hermes`, i.e.
-`<tool_call>{json}</tool_call>`; `verl.envs.tools.TOOL_CALL_FORMATS`), `max_turns`, `tool_modules` (modules or .py files whose
-`@tool` functions register), `tools` (names offered; null = all registered), `tool_timeout_s`,
-`max_tool_response_length` (characters per observation). `registry=` (a `ToolRegistry`) may be passed
-when building the workflow in Python.
-
-Layer 5: must not import Ray.
+Token-level episode: prompt | model turn (stops after "</tool_call>") | "<obs> result </obs>" | model turn | ... A
+turn without a tool call, `max_turns` or the `response_length` budget ends it; tool failures become `error: ...`
+observations. `response_mask` is 0 on observation tokens (which stay in `attention_mask`); `num_turns` counts model
+turns. Config (`rollout.multi_turn`): `format`, `max_turns`, `tool_modules`, `tools`, `tool_timeout_s`,
+`max_tool_response_length`; `registry=` in Python. Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The `remax` workflow: a sampled and a greedy completion per row, the reward difference as the signal.
 
-As in AReaL-lite's ReMax example (and ReMax, Li et al. 2023, https://arxiv.org/abs/2310.10505): both
-requests go out together (they land in the same engine flush, one generate call per sampling setting),
-both completions are scored with the same reward function, and the row trains on the sampled completion
-with `token_level_scores` = r(sample) at its last token and `reward_baselines` = r(greedy). With
-`algorithm.adv_estimator=remax` the advantage is r(sample) - r(greedy) on every response token; with
-`actor.policy_loss.loss_mode=reinforce` the loss is -log p * A: ReMax end to end
-(examples/remax_reinforce/). The trainer does not run its own greedy pass when rows carry
-`reward_baselines`, and does not re-score rows that carry `token_level_scores`.
-
-When validating (meta_info["validate"]) only the sampled completion is made and scored (baseline 0).
-
-workflow_kwargs: `reward_fn` (dotted path or "file.py:name" of a verl `compute_score(data_source,
-solution_str, ground_truth, extra_info, **kwargs)`; default `default_compute_score`, the naive reward
-manager's default), `reward_kwargs` (extra keyword arguments of every call). Use the same function as
-`custom_reward_function` when the trainer has one.
-
-Layer 5: must not import Ray.
+Both requests land in the same engine flush; the row trains on the sample with `token_level_scores` = r(sample)
+and `reward_baselines` = r(greedy) (with `adv_estimator=remax`: ReMax, examples/remax_reinforce/). Validation
+makes only the sampled completion (baseline 0). workflow_kwargs: `reward_fn` (dotted path or "file.py:name" of a
+verl `compute_score`; default `default_compute_score`) and `reward_kwargs`. Layer 5: must not import Ray.
 """
 
 from __future__ import annotations
