@@ -1,14 +1,11 @@
 """Merge the per-rank FSDP2 model shards of a checkpoint into one HF model folder (`save_pretrained` + tokenizer).
 
-    python -m verl.model_merger --local_dir <ckpt>/actor --target_dir <out> [--hf_model_path <base>] [--overwrite]
-    python -m verl.model_merger merge --backend fsdp --local_dir <ckpt>/actor --target_dir <out>
+    python -m verl.model_merger [merge --backend fsdp] --local_dir <ckpt>/actor --target_dir <out>
+        [--hf_model_path <base>] [--overwrite]
 
-Reads what `verl.utils.checkpoint.FSDPCheckpointManager` writes: `model_world_size_{W}_rank_{r}.pt`, each the
-local shards of the sharded state dict (FSDP2 shards every parameter along dim 0, rank r holding the r-th
-`torch.chunk`), so a full tensor is its rank shards concatenated in rank order. The HF config, generation config
-and tokenizer come from `--hf_model_path` if given, else from `<local_dir>/huggingface`. The output is written
-to a temporary sibling folder and renamed into place. Any bad input prints one `error: ...` line on stderr and
-exits 1 without writing anything. Imports only verl.utils-level code and transformers (no Ray).
+Reads `model_world_size_{W}_rank_{r}.pt` (dim-0 shards, concatenated in rank order); config and tokenizer come from
+`--hf_model_path` or `<local_dir>/huggingface`. Writes to a temporary sibling and renames; bad input prints one
+`error: ...` line and exits 1 without writing. No Ray.
 """
 
 from __future__ import annotations

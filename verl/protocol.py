@@ -1,19 +1,10 @@
 """`DataProto`: the one batch type passed between the driver, the workers and the algorithm code (verl's API).
 
-A `DataProto` holds N rows in three parts (verl's contract):
-- `batch`: a `tensordict.TensorDict` with `batch_size=[N]` (every tensor has N rows), or None;
-- `non_tensor_batch`: dict of numpy arrays of length N (strings, dicts, ... one per row);
-- `meta_info`: a plain dict shared by the whole batch (temperatures, metrics, flags).
-
-Also owns `DataProtoItem` (one row), `DataProtoFuture` (a batch still being computed by a worker group),
-`collate_fn` and pickling. Padding (`pad_dataproto_to_divisor` / `unpad_dataproto`, `DataProtoConfig.auto_padding`,
-`real_row_mask` for the rows a dispatch padded), folding (`fold_batch_dim` / `unfold_batch_dim`),
-`all_gather_data_proto` and `DataProtoError` live in `verl.protocol_utils`; the union and (de)serialisation
-helpers in layer 1 (`py_functional`, `tensordict_utils`). All are re-exported here under verl's import paths.
-Where verl raises AssertionError, `DataProtoError` is raised: it is both an AssertionError and a ValueError.
-
-Layer 2 (docs/architecture.md#layers): imports torch, tensordict, numpy, `verl.protocol_utils` and layer-1 helpers
-(`verl.utils.py_functional`, `verl.utils.tensordict_utils`); Ray is imported only inside `DataProtoFuture.get`.
+N rows in three parts: `batch` (a TensorDict with `batch_size=[N]`, or None), `non_tensor_batch` (numpy arrays of
+length N) and `meta_info` (a dict shared by the batch). Also owns `DataProtoItem`, `DataProtoFuture`, `collate_fn`
+and pickling; re-exports under verl's import paths the padding, folding and gathering helpers and `DataProtoError`
+(`verl.protocol_utils`: an AssertionError and a ValueError, raised where verl asserts) and the (de)serialisation
+helpers. Layer 2: Ray is imported only inside `DataProtoFuture.get`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""CPU-only speed-ups, behind one boundary: `CPU`, the hooks `verl.utils.acceleration.for_device("cpu")` returns.
+"""CPU-only speed-ups behind one boundary: `CPU`, the hooks `verl.utils.acceleration.for_device("cpu")` returns.
 
-Nothing here runs on a GPU worker, and no generic module imports this package: the worker base class, the
-`@register` wrapper, the worker groups, the training engine and the `hf` rollout call the hooks of whatever
-`verl.utils.acceleration` gives them (a no-op for other devices). What the hooks switch on:
-- `threads`: each worker call computes with as many torch threads as the machine's other processes leave cores
-  free (`VERL_ADAPTIVE_THREADS`), and OpenMP's waiting variables of the driver reach the workers;
-- `blas`: float32 training products through OpenBLAS on AMD processors (`VERL_CPU_BLAS`, the `cpu` install extra);
-- the allocator: glibc keeps freed heap memory for the next step (`VERL_RETAIN_FREED_MEMORY`) and a worker process
-  has one malloc arena (`MALLOC_ARENA_MAX=1`), so one step's pages are reused by the next instead of faulted in;
-- the `hf` rollout's decode: one copy of each prompt's keys and values for all its samples (`shared_prefix`), decode
-  steps computed straight from the weights (`lean_decode`) and fused C kernels for the step's glue and the sampling
-  (`decode_kernel`, built with the machine's C compiler at first use, `native_build`).
-Each of these keeps the numbers of the generic path up to float rounding (their tests compare them); their worth
-on the bench is in benchmarks/README.md.
-
-Layer 2 (verl/cpu): imports torch, transformers and verl.utils; imported only through verl.utils.acceleration.
+The hooks switch on adaptive thread counts (`threads`), OpenBLAS products (`blas`), glibc heap retention
+(`VERL_RETAIN_FREED_MEMORY`, `MALLOC_ARENA_MAX=1`) and the `hf` rollout's decode path (`shared_prefix`,
+`lean_decode`, `decode_kernel`). Each keeps the generic path's numbers up to float rounding.
+Layer 2: imported only through verl.utils.acceleration.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """verifiers-style environments: `Environment.rollout(client, prompt, answer, sampling_args)` and a `Rubric`.
 
-Owns:
-- `Rubric(funcs, weights)`: reward = sum_i w_i * f_i(...); each function (plain or async) gets the keyword
-  arguments it names among `prompt`, `completion`, `answer`, `state`, `info`, and its value is reported
-  under its own name;
-- `Environment`: `rollout(client, prompt, answer, sampling_args) -> (completion messages, state)` talks to
-  the model only through an OpenAI-shaped client (`verl.envs.OpenAIClient` in process, or
-  `openai.AsyncOpenAI` pointed at `python -m verl.rollout_server`); `run` = rollout + rubric score;
-- `SingleTurnEnv` (one chat completion) and `MultiTurnEnv` (`env_response` after every model turn until
-  `is_completed` or `max_turns`), `ToolEnv` (a `MultiTurnEnv` running `<tool_call>` blocks with
-  `verl.envs.tools`, observations as user turns).
-
-How rollouts become training rows: the `environment` workflow
-(verl/workers/rollout/workflows/environment.py) gives the environment an in-process `OpenAIClient`,
-which records every completion's token ids and log-probs; its `trajectory()` is the row.
-
-Layer 5: imports verl.envs.tools; must not import Ray, torch or the trainer.
+`Rubric(funcs, weights)`: reward = sum_i w_i * f_i(...), each function given the arguments it names among
+`prompt`, `completion`, `answer`, `state`, `info`. `Environment` talks to the model only through an OpenAI-shaped
+client; `SingleTurnEnv`, `MultiTurnEnv` (`env_response` until `is_completed` or `max_turns`) and `ToolEnv`
+(`<tool_call>` blocks run with `verl.envs.tools`). The `environment` workflow records the in-process client's
+`trajectory()` as the training row. Layer 5: must not import Ray, torch or the trainer.
 """
 
 from __future__ import annotations

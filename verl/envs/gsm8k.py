@@ -1,15 +1,6 @@
-"""A concrete verifiers-style environment: GSM8K as a single chat turn scored by a weighted rubric.
-
-`GSM8KEnv` asks the question (the row's chat prompt, as made by examples/data_preprocess/gsm8k.py) in one
-chat completion and scores the answer with a `Rubric` of two functions:
-- `correct_answer` (weight 1.0): 1 when the number after the last `####` equals the reference (verl's
-  strict GSM8K rule, `verl.utils.reward_score.gsm8k`), else 0;
-- `answer_format` (weight 0.1 by default): 1 when the completion has a `#### <number>` line at all.
-
-Run it through the trainer with `actor_rollout_ref.rollout.workflow=environment`,
-`+actor_rollout_ref.rollout.workflow_kwargs.env=verl.envs.gsm8k:GSM8KEnv` and `data.return_raw_chat=true`,
-or against `python -m verl.rollout_server` with an `openai.AsyncOpenAI` client.
-
+"""GSM8K as a single chat turn scored by a `Rubric`: `correct_answer` (weight 1.0, verl's strict `####` rule) and
+`answer_format` (weight 0.1). Run with `rollout.workflow=environment`,
+`+actor_rollout_ref.rollout.workflow_kwargs.env=verl.envs.gsm8k:GSM8KEnv` and `data.return_raw_chat=true`.
 Layer 5: must not import Ray.
 """
 

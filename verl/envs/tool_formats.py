@@ -1,19 +1,10 @@
 """Tool-call formats: reading the tool calls out of a model turn's text, one reader per model family.
 
-Owns `ParsedToolCall`, `ToolCallFormat`, `TOOL_CALL_FORMATS` and `get_tool_call_format`, and the text readers of
-every format verl 0.9.1 registers as a tool parser: `hermes` (`<tool_call>{json}</tool_call>`, also the RLLA /
-ToolRL one-object-per-line form), `qwen3_coder` (Qwen3-Coder / Qwen3.5 XML: `<tool_call><function=NAME>
-<parameter=KEY>VALUE</parameter></function></tool_call>`), `glm`, `seed`, `minimax`, `kimi`, `deepseek_v4`,
-`gemma4` and `gpt-oss`. Both users read the same table: the `multi_turn_tool` workflow through
-`verl.envs.tools.get_tool_call_format(rollout.multi_turn.format)`, and verl's async `ToolParser` classes
-(`verl.experimental.agent_loop.tool_parser`), which decode token ids and call the same `split`.
-
-A format's `split(text, tools=None)` returns `(content, calls)` (the text for the user, as verl's parser
-returns it, and the calls in order); `tools` (OpenAI schemas: dicts or verl's pydantic objects) serves where
-verl uses it: qwen3_coder types parameter values, kimi maps a call id (`functions.get_weather:0`) to a tool.
-Nothing raises on model output: a call verl's parser drops comes back with `error` set (for the model to read).
-
-Layer 1 (utilities): standard library only; must not import torch, Ray or the engines.
+Owns `ParsedToolCall`, `ToolCallFormat`, `TOOL_CALL_FORMATS` and `get_tool_call_format`, with a reader for every
+tool parser of verl 0.9.1 (`hermes`, also RLLA's one-object-per-line form, `qwen3_coder`, `glm`, `seed`, `minimax`,
+`kimi`, `deepseek_v4`, `gemma4`, `gpt-oss`), shared by the `multi_turn_tool` workflow and verl's `ToolParser`
+classes. `split(text, tools=None) -> (content, calls)`; a call verl would drop comes back with `error` set.
+Layer 1: standard library only.
 """
 
 from __future__ import annotations

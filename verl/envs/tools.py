@@ -1,20 +1,10 @@
 """Python tools for multi-turn rollouts: registration, JSON schemas, `<tool_call>` parsing, execution.
 
-Owns `ToolRegistry` and the `@tool` decorator (registers into `DEFAULT_REGISTRY`): a tool is a plain or
-async Python function with a typed signature; its JSON schema (OpenAI function format) comes from the
-annotations (str, int, float, bool, list, dict, unions of them such as `int | float` or `X | None`,
-`Literal[...]` as an enum) and the first docstring line.
-
-Tool-call parsing is re-exported from `verl.envs.tool_formats` (the one implementation, shared with verl's
-`ToolParser` classes): `parse_tool_calls(text)` reads every `<tool_call> ... </tool_call>` block of a model
-turn (one JSON object, a JSON list of objects, or one object per line as in RLLA / ToolRL: verl's `hermes`
-format), and `get_tool_call_format(rollout.multi_turn.format)` picks a format by verl's parser name (`hermes`,
-`qwen3_coder`, `kimi`, `glm`, ...; `TOOL_CALL_FORMATS`).
-`run_tool_calls` turns a turn into observations: results, and every failure (bad JSON, unknown tool, bad
-arguments, an exception in the tool, a timeout) as an `error: ...` text. Nothing here raises on model
-output: errors are what the model gets to read.
-
-Layer 1 (utilities): standard library only; must not import torch, Ray or the engines.
+Owns `ToolRegistry` and `@tool` (into `DEFAULT_REGISTRY`): a plain or async typed function whose OpenAI schema
+comes from its annotations (str, int, float, bool, list, dict, unions, `Literal`) and first docstring line.
+Re-exports `parse_tool_calls` and `get_tool_call_format` from `verl.envs.tool_formats`. `run_tool_calls` turns a
+turn's calls into observations; every failure becomes an `error: ...` text, never an exception.
+Layer 1: standard library only.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Memory-lean RMSNorm and gated (SwiGLU) MLP for training: the same forward as HF's, with a backward that keeps
-only the layer's inputs and recomputes the cheap element-wise rest.
+"""Memory-lean RMSNorm and SwiGLU MLP for training (`model.lean_activations`, our extension): HF's forward, with a
+backward that keeps only the layer's inputs (and gate/up outputs, 1/rms) and recomputes the element-wise rest, as
+Liger's kernels do on GPU (figures: benchmarks/README.md).
 
-Why: in a decoder layer trained with plain autograd most of the saved activations are element-wise by-products.
-HF's SwiGLU MLP, `down(silu(gate(x)) * up(x))`, keeps x, gate(x), silu(gate(x)), up(x) and their product for
-backward: 1 + 4 * intermediate/hidden values per token (12 KB a token in float32 at hidden 256, intermediate 704);
-`LeanSwiGLU` keeps x, gate(x) and up(x) and recomputes silu and the product in backward (6.5 KB). HF's RMSNorm keeps
-its input, 1/rms and the normalised input; `LeanRMSNorm` keeps the input and 1/rms. On a Qwen2 layer that is a
-large share of the decoder's saved activations; backward recomputes two element-wise passes, forward writes three
-fewer tensors, and the matmuls are the same, so forward+backward is not slower (figures: benchmarks/README.md).
-This is what Liger's fused RMSNorm/SwiGLU kernels do on GPU, written in torch so it runs anywhere; it is
-`model.lean_activations` (an extension of ours, default false as verl has no such key).
-
-`apply_lean_layers(model)` switches the forward of every matching module of a qwen2, qwen3 or llama model (their
-RMSNorm and MLP classes, by name) and returns how many it switched; it also switches their attention's rotary
-embedding to `lean_rotary.py`'s (fewer passes, results equal bit for bit). The switch only takes the lean path when
-autograd records (a no-grad forward runs HF's code) and, for the MLP, while its three projections are plain
-bias-free `nn.Linear` with a SiLU (so a LoRA wrapper added later, or a bias, keeps HF's forward).
+`apply_lean_layers(model)` switches the matching modules of a qwen2, qwen3 or llama model (and their rotary, see
+`lean_rotary.py`) and returns how many it switched. The lean path runs only while autograd records and, for the
+MLP, while its projections are plain bias-free `nn.Linear` with SiLU.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Rotary position embedding in fewer passes, bit for bit HF's `apply_rotary_pos_emb`.
 
-HF computes `q * cos + rotate_half(q) * sin`, where `rotate_half` builds a new tensor from a negated half and a
-concatenation: six passes over the queries (and keys) in forward, and autograd's backward adds the mirror image
-plus two zero-filled halves for the slices. With the halves written out, x = [x1, x2]:
-    out1 = x1 * cos1 - x2 * sin1        out2 = x2 * cos2 + x1 * sin2
-and backward is the transposed rotation of the incoming gradient g = [g1, g2]:
-    dx1 = g1 * cos1 + g2 * sin2         dx2 = g2 * cos2 - g1 * sin1
-Each half is one product written in place plus one product subtracted or added: the same floating-point operations
-as HF's in the same order (no fused multiply-add), so forward and gradients are equal bit for bit (tested), with
-fewer passes over memory (figures: benchmarks/README.md). Only cos and sin are kept for backward, as HF's autograd
-keeps them.
-
-`use_lean_rotary(model)` points the `apply_rotary_pos_emb` of the modeling module of each qwen2/qwen3/llama
-attention class in `model` at the lean rotation (once per module; results are unchanged for every model
-of that class, so the switch is process-wide). Inputs it does not cover (odd head size, cos/sin of another dtype or
-width) go to HF's function. Part of `model.lean_activations` (`apply_lean_layers`). Layer 1: imports torch only.
+With x = [x1, x2]: out1 = x1 * cos1 - x2 * sin1, out2 = x2 * cos2 + x1 * sin2 (backward the transposed rotation),
+the same floating-point operations as HF's in the same order. `use_lean_rotary(model)` points the modeling module
+of each qwen2/qwen3/llama attention class at it (process-wide); uncovered inputs go to HF's function.
+Layer 1: torch only.
 """
 
 from __future__ import annotations

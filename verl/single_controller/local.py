@@ -1,20 +1,9 @@
 """Worker groups without Ray: the one worker of a one-process pool runs inside the driver process.
 
-Owns `LocalWorkerGroup`, the drop-in for `RayWorkerGroup` that `trainer.single_process=true` uses. A
-laptop run has one worker process anyway; running it in the driver saves the second copy of torch and
-transformers in memory, Ray's daemons (gcs, raylet, agents, log monitor) and Ray's start-up, and passes
-batches by reference instead of through the object store.
-
-The group behaves like a `RayWorkerGroup` of world size 1: the same `@register`ed methods with the same
-dispatch and collect (`verl.single_controller.base.decorator`), `spawn` for fused roles
-(`create_colocated_worker_cls`), futures for `blocking=False` methods (already done when returned: the call
-runs at once), and the worker's own exception raised as is. The worker sees RANK=0, WORLD_SIZE=1,
-MASTER_ADDR/MASTER_PORT (127.0.0.1 and a free port) and VERL_NUM_THREADS in `os.environ`, as a Ray actor
-would; `close()` destroys its torch.distributed group and restores those variables.
-
-What a single process cannot do: more than one worker (several ranks, nodes or GPUs), a separate rollout
-group (`trainer.rollout_mode=async`), and reward actors (`data.domains`); the trainer refuses those.
-Layer 6 (see docs/architecture.md#layers): must not import trainer or worker (layer 7) code.
+Owns `LocalWorkerGroup`, the drop-in for a world-size-1 `RayWorkerGroup` that `trainer.single_process=true` uses:
+same `@register` dispatch and collect, `spawn` for fused roles, already-done futures, the worker's own exceptions,
+and the environment a Ray actor would see (restored by `close()`). The trainer refuses what one process cannot do
+(several workers, async rollout, reward actors). Layer 6: must not import trainer or worker code.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Supervised fine-tuning with FSDP2: `python -m verl.trainer.fsdp_sft_trainer key=value ...` or `run_sft(config)`.
 
-Owns the SFT loop: data loading (`SFTDataset` + `DistributedSampler`), the token-mean cross-entropy on
-assistant tokens (by default over each micro-batch's examples packed into one row without padding, the LM head
-applied only where a target token is predicted; `data.pad_mode=right`: right-padded), gradient accumulation
-over micro-batches, validation loss, logging, and HF-format checkpoints
-`<trainer.default_local_dir>/global_step_<N>/` (full weights + tokenizer) that the PPO trainer loads as
-`actor_rollout_ref.model.path`.
-
-One process trains alone on a 1-rank gloo group; with torchrun (or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in
-the environment) every rank holds a shard of the weights and `train_batch_size / world_size` examples per step.
-The loss is normalised by the number of target tokens of the whole global batch, so N ranks compute the same
-update as one rank on the same global batch.
-
-Layer 8 (trainer entry): uses verl.utils (fsdp_utils, device, acceleration, tokenizer, tracking, dataset,
-packing) and the engine's packed forward (verl.workers.engine.model_forward); no Ray.
+Owns the SFT loop: `SFTDataset` + `DistributedSampler`, token-mean cross-entropy on assistant tokens (packed rows by
+default, `data.pad_mode=right` pads), gradient accumulation, validation loss, logging and HF-format checkpoints
+`<trainer.default_local_dir>/global_step_<N>/` that the PPO trainer loads. One process trains on a 1-rank gloo
+group; under torchrun every rank holds a shard, and the loss is normalised over the global batch's target tokens,
+so N ranks compute one rank's update. Layer 8 (trainer entry): no Ray.
 """
 
 from __future__ import annotations

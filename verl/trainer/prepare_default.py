@@ -1,16 +1,9 @@
-"""Prepare the embedded default job (used by train_grpo.sh / train_ppo.sh without BASE_MODEL):
+"""Prepare the embedded default job (train_grpo.sh / train_ppo.sh without BASE_MODEL):
+`python -m verl.trainer.prepare_default --out outputs/default [--seed 1]`.
 
-1. synthetic RLLA tool-calling records (the project's own generator), split into an SFT set, an RL
-   training set and an RL validation set that share no record; the SFT targets are the imperfect
-   demonstrator's (`rlla_synthetic.demonstration`: 60% written for version 1 of the tools), the RL and
-   validation ground truths the right answers;
-2. a tiny Qwen2 model whose tokenizer is trained on that task's text;
-3. a short SFT warm start on the SFT set, saved in HF format as `<out>/sft_model`.
-
-`python -m verl.trainer.prepare_default --out outputs/default [--seed 1]`. Each stage is skipped when
-its output already exists, so re-running a launcher reuses the prepared model and data.
-
-Layer 8 helper (composes dataset, model and SFT code).
+Makes synthetic RLLA records (disjoint SFT, RL and validation sets; SFT targets from the imperfect demonstrator),
+a tiny Qwen2 model with a tokenizer trained on that text, and a short SFT warm start saved as `<out>/sft_model`.
+A stage whose output exists is skipped. Layer 8 helper.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The one door to device-specific speed-ups: generic code asks here, never imports them.
 
-Owns `for_device` (the speed-ups of a device: the CPU package `verl.cpu` for "cpu", imported on first use, else
-`GENERIC`, which does nothing), the process's current choice (`enter` at a worker's start, `leave`, `current`) and
-`WORKER_DEVICE_ENV`, the variable a worker group sets so that a worker knows its device before any model exists.
-
-The worker base class, the `@register` wrapper, the worker groups, the training engine and the `hf` rollout call
-the hooks below on what this module returns; on a GPU worker that is `GENERIC`, so no CPU kernel is built, no
-matrix-product override registered and no allocator or thread setting changed. `VERL_CPU_ACCELERATION=0` makes the
-CPU take `GENERIC` too (plain torch and HF code paths, for comparison or to rule the speed-ups out).
-
-Layer 1 (verl/utils): imports os and contextlib only; `verl.cpu` is imported inside `for_device`, never at module
-level, so the generic layers do not depend on it.
+Owns `for_device` (`verl.cpu`, imported on first use, for "cpu"; else `GENERIC`, which does nothing), the process's
+choice (`enter`, `leave`, `current`) and `WORKER_DEVICE_ENV`. `VERL_CPU_ACCELERATION=0` makes the CPU take
+`GENERIC` too. Layer 1: os and contextlib only.
 """
 
 from __future__ import annotations

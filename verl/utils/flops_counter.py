@@ -1,15 +1,6 @@
-"""Model FLOPs utilisation (MFU) estimates: the FLOPs a decoder-only transformer spends on a batch of
-sequences, and the peak FLOP/s of the device the worker runs on.
-
-FLOPs of one training pass (forward + backward = 3x forward, 2 FLOPs per multiply-add), per token and layer:
-  dense weights: 6 * (q, k, v, o projections + MLP up/gate/down) parameters, plus 6 * 2 * vocab * hidden for the
-  embedding and LM head (counted as verl does, so figures compare);
-  attention scores and weighted sum: 12 * seq_len * num_heads * head_dim per token, i.e. 12 * sum(seq_len^2) * ...
-Peak FLOP/s: a table of dense bf16 figures for known GPUs; on CPU, a float32 matmul measured once per process
-(the best this process can do with its threads), which makes CPU MFU an estimate of how far a step is from
-matmul-bound work rather than a vendor figure.
-
-Layer 1 (utils): torch only.
+"""Model FLOPs utilisation (MFU) estimates: a decoder-only transformer's training FLOPs for a batch of sequences
+(6 x dense parameters per token plus 12 * sum(seq_len^2) attention terms, counted as verl does) and the device's
+peak FLOP/s (a table of bf16 GPU figures; on CPU a float32 matmul measured once per process). Layer 1: torch only.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""FSDP2 and training helpers shared by the SFT trainer and the FSDP workers.
-
-Owns: starting torch.distributed (`init_distributed`), wrapping a HF model with FSDP2 (`apply_fsdp2`, one
-`fully_shard` per decoder layer plus the root, or verl's `wrap_policy` choices; `fsdp_size` hybrid sharding;
-`forward_prefetch`), the mixed precision of an `fsdp_config` (`fsdp_mixed_precision`: compute, gradient-reduction
-and buffer dtypes), the offload choices of an `fsdp_config` (`offload_settings`: FSDP2 `CPUOffloadPolicy` for
-`param_offload`, optimizer state moved to CPU between updates for `optimizer_offload`, both only on CUDA: on CPU
-they print one notice per process), full (unsharded) state dicts in and out, gradient clipping on DTensor parameters (the AdamW optimizer and LR
-schedule of an `optim` config are `verl.utils.optim`'s, re-exported here),
-loading HF causal-LM / token-classification (critic) models, and the torch thread count of a worker.
-
-FSDP1 segfaults on CPU with this torch, so only FSDP2 (`torch.distributed.fsdp.fully_shard`) is used; it runs
-over gloo on CPU and nccl on GPU, with any world size including 1. No Ray code here (layer 1).
+"""FSDP2 and training helpers shared by the SFT trainer and the FSDP workers: `init_distributed`, `apply_fsdp2` (one
+`fully_shard` per decoder layer plus the root, verl's `wrap_policy`, `fsdp_size`, `forward_prefetch`),
+`fsdp_mixed_precision`, `offload_settings` (CUDA only), full state dicts in and out, gradient clipping on DTensors,
+model loading and the worker's thread count; re-exports `verl.utils.optim`. Only FSDP2 (FSDP1 segfaults on CPU with
+this torch), over gloo on CPU and nccl on GPU. Layer 1: no Ray.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Padded batches of variable-length sequences <-> packed 1-D sequences (AReaL-lite's data layout).
-
-- `concat_padded_tensors(rows)`: TensorDicts of one or more rows whose per-token tensors have different lengths
-  -> one TensorDict, right-padded to the longest (what an inference engine's `rollout_batch` returns);
-- `pack_tensor_dict(data)`: a padded batch (bs, L) -> the real tokens of all rows one after the other: every
-  per-token tensor becomes (nnz, ...), plus `cu_seqlens` (bs + 1,) and `max_seqlen`; per-row tensors (bs, ...)
-  stay as they are. What a loss over packed sequences (`loss_fn(logits, data)`) receives;
-- `unpack_to_padded(values, mask)`: per-token values (nnz, ...) back to the padded layout of `mask`.
-
-A tensor is per-token when its first two dimensions equal `attention_mask`'s (bs, L). Layer 1: torch and
-tensordict only.
+"""Padded batches of variable-length sequences <-> packed 1-D sequences (AReaL-lite's data layout):
+`concat_padded_tensors` (right-pads rows to the longest), `pack_tensor_dict` (per-token tensors -> (nnz, ...) with
+`cu_seqlens` and `max_seqlen`) and `unpack_to_padded`. A tensor is per-token when its first two dims equal
+`attention_mask`'s. Layer 1: torch and tensordict only.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Import tensordict without importing torch._dynamo (`import_tensordict`, called first thing by `verl/__init__`).
-
-tensordict marks a few of its functions for torch.compile while it is imported (`torch.compiler.allow_in_graph`,
-`torch.compiler.assume_constant_result`), and each mark imports torch._dynamo: the compiler frontend and sympy,
-resident memory and start-up time in every process that imports verl. The Ray driver never compiles, yet held
-them for the whole run. Here tensordict is imported with those two functions deferred: a mark made while
-torch._dynamo is not loaded is recorded, and applied (the real function, on the same function object) the moment
-torch._dynamo finishes loading, by a finder on `sys.meta_path` that wraps its module's execution. A process that
-compiles (the workers import torch._dynamo with FSDP2 and HF's model code) therefore has every mark before its
-first compile, as if made at import. Where torch._dynamo or tensordict is already loaded nothing is deferred.
-
-Layer 1 (docs/architecture.md#layers): standard library and torch only.
+"""Import tensordict without importing torch._dynamo (`import_tensordict`, called first by `verl/__init__`): its
+`torch.compiler` marks are recorded and applied the moment torch._dynamo finishes loading (a `sys.meta_path`
+finder), so a process that never compiles does not pay for the compiler frontend. Layer 1: standard library and
+torch only.
 """
 
 from __future__ import annotations

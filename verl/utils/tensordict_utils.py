@@ -1,16 +1,9 @@
-"""TensorDict helpers with verl's names (`from verl.utils import tensordict_utils as tu`).
+"""TensorDict helpers with verl's names (`from verl.utils import tensordict_utils as tu`): non-tensor values as
+`NonTensorData` / `NonTensorStack`, jagged nested tensors kept jagged, dict-like get/pop/select, and raw-bytes
+(de)serialisation of tensors and TensorDicts.
 
-Owns the TensorDict side of batches: non-tensor values stored as `NonTensorData` (one value for the batch) or
-`NonTensorStack` (one value per row), jagged nested tensors (variable-length rows) kept jagged through
-concat / chunk / index, the dict-like get/pop/select with unwrapping, and the raw-bytes (de)serialisation of
-tensors and TensorDicts (`serialize_tensordict`, used by DataProto's numpy pickling). `DataProto` (verl.protocol) uses
-these for `to_tensordict` / `from_tensordict` and the dispatch of TensorDict arguments.
-verl 0.9.1 runs on tensordict <= 0.10, and two of that version's rules are part of verl's contract, so this module
-restores them on newer tensordict when it is imported (`_keep_tensordict_010_rules`): concatenating TensorDicts
-keeps the first part's batch-wide value (a NonTensorData) where newer tensordict makes a per-row stack of the
-parts' values, and `consolidate()` refuses a TensorDict holding a non-contiguous tensor (RuntimeError; make it
-`contiguous` first) where newer tensordict copies it silently.
-Layer 1 (docs/architecture.md#layers): torch, numpy and tensordict only.
+On import it restores two tensordict <= 0.10 rules that are verl's contract (`_keep_tensordict_010_rules`): concat
+keeps the first part's NonTensorData, and `consolidate()` refuses a non-contiguous tensor. Layer 1.
 """
 
 from __future__ import annotations

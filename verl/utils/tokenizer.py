@@ -1,15 +1,6 @@
-"""Tokenizer helpers: load a Hugging Face tokenizer safely and flatten token-id results.
-
-Owns `hf_tokenizer` (AutoTokenizer with a pad-token fallback and a clear error for a missing path) and
-`normalize_token_ids` (turns what transformers returns into a flat `list[int]`). Layer 1: imports only
-transformers/torch/numpy, never Ray or other verl layers.
-
-transformers 5 quirks handled here:
-- `apply_chat_template(..., tokenize=True)` returns a `BatchEncoding` (a Mapping with `input_ids` and
-  `attention_mask`) instead of a list of ids, so `len(result)` is the number of keys, not of tokens.
-- A tokenizer trained locally with `tokenizers` often has no pad token; verl pads with eos in that case.
-- `AutoTokenizer` rebuilds a qwen2 model's tokenizer as `Qwen2Tokenizer` with Qwen2's normaliser and
-  pre-tokeniser; a tokenizer trained with other settings may change its ids after a save/reload.
+"""Tokenizer helpers: `hf_tokenizer` (AutoTokenizer with an eos pad-token fallback and a clear error for a missing
+path) and `normalize_token_ids` (what transformers returns, e.g. a `BatchEncoding` from
+`apply_chat_template(tokenize=True)` in transformers 5, as a flat `list[int]`). Layer 1: never Ray.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Experiment tracking: one `Tracking.log(metrics, step)` call fans out to the backends `trainer.logger` names
-(verl's: console, wandb, tensorboard, mlflow, swanlab, clearml, trackio, file, vemlp_wandb, rl_insight) and to
-`<log_dir>/metrics.jsonl`, which is always written (read by `verl.utils.plot`).
-
-`trainer.logger` may be one name (`trainer.logger=console`) or a list. A name outside verl's list stops start-up
-with one line listing the allowed ones. A backend whose package is not installed, or that cannot reach its server,
-costs one notice line and the run goes on: wandb, swanlab and clearml switch to their offline modes when there is no
-API key or no network (a local run folder under `log_dir` to sync later), mlflow writes a local file store under
-`log_dir` unless MLFLOW_TRACKING_URI says otherwise, and a backend that cannot start at all is skipped.
-
-Layer 1 (utils): no Ray, no trainer logic.
+"""Experiment tracking: `Tracking.log(metrics, step)` fans out to the backends `trainer.logger` names (verl's list) and
+always to `<log_dir>/metrics.jsonl` (read by `verl.utils.plot`). An unknown name stops start-up; a backend that is
+missing or cannot reach its server costs one notice (wandb, swanlab and clearml go offline, mlflow writes a local
+store). Layer 1: no Ray.
 """
 
 from __future__ import annotations

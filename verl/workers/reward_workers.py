@@ -1,15 +1,9 @@
-"""Reward workers of the multi-domain RLVR pipeline (ROLL's reward clusters): one group of Ray actors per reward type,
-every group scoring its rows in parallel, results merged back into one batch in the original row order.
+"""Reward workers of the multi-domain RLVR pipeline (ROLL's reward clusters): one group of Ray actors per reward type.
 
-Owns `RewardWorker` (one actor: a naive reward manager with its type's scorer from `reward_types.py`),
-`RewardWorkerGroup` (`reward.{type}.num_workers` actors; a batch is cut into that many contiguous chunks),
-`DomainRewardFn` (the reward-manager contract `fn(data, return_dict)` over all groups, routing rows by their
-`domain` column), `RewardWorkerPool` (start, reward functions, system metrics) and `check_reward_config`.
-Layer 7: Ray actors around layer-4 reward managers and layer-3 scorers.
-
-A domain whose `reward` names a data source is scored as that data source. `reward.{type}.score_kwargs` go to every
-score call of that type (e.g. llm_judge's url, model, api_key; the sandbox's timeout_s). The actors reserve no Ray
-CPUs (`num_cpus=0`): scoring is light or waits on subprocesses and HTTP, and the training workers may hold every core.
+Owns `RewardWorker`, `RewardWorkerGroup` (`reward.{type}.num_workers` actors, contiguous chunks), `DomainRewardFn`
+(routes rows by their `domain` column, results in the original order), `RewardWorkerPool` and
+`check_reward_config`. `reward.{type}.score_kwargs` go to every score call; actors reserve no Ray CPUs.
+Layer 7.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Async mode's weight transfer between two worker groups, one bucket at a time (no full-model copy anywhere).
 
-With `trainer.rollout_mode=async` the rollout engine lives in other processes than the actor, so the weights travel
-through the driver and Ray's object store. They go as a stream of buckets of at most
-`rollout.checkpoint_engine.update_weights_bucket_megabytes` (verl's key; a larger tensor travels alone):
-- `BucketExporter` (actor side): `next_bucket()` gathers the next bucket from the FSDP2 shards (a collective: every
-  actor rank calls it) and returns it on rank 0 as CPU tensors (None on the other ranks), `[]` on every rank once
-  the stream is over; the next call starts a new stream;
-- `BucketLoader` (rollout side): `begin()` starts the engine's ordinary `update_weights(stream)` on a thread of the
-  worker, whose stream yields the buckets `put(bucket)` hands over; `put` returns once the engine has loaded the
-  bucket (so one bucket is alive there), `finish()` ends the stream and re-raises the engine's error, if any (an
-  unknown or missing name is found there, after the whole stream, as for a colocated sync).
-The driver moves one bucket at a time (`AsyncRollout._push_weights`), so the driver, the object store, actor rank
-0 and every rollout rank each hold at most one bucket of the weights on top of their own model.
-
-Layer 5 helper (used by the FSDP workers): torch and the weight-sync stream; no Ray.
+`BucketExporter.next_bucket()` (actor side, a collective) gathers the next bucket of at most
+`update_weights_bucket_megabytes` and returns it on rank 0 as CPU tensors (`[]` once the stream is over);
+`BucketLoader` (rollout side) feeds `put(bucket)` into the engine's `update_weights(stream)` on a thread (`begin`,
+`finish` re-raises the engine's error). The driver moves one bucket at a time. Layer 5 helper: no Ray.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The FSDP workers' config checks and normalisation, run in each worker before a model is built.
-
-Owns `normalize_batch_sizes` (verl's per-rank mini/micro batch sizes), `check_old_log_prob_reuse` (when the rollout's
-log-probs may stand in for `old_log_probs`), `compute_dtype` (the compute dtype of an `fsdp_config`) and the helpers
-`fsdp_workers` uses (`private_config`, `require_positive_int`, `check_supported`, `critic_fsdp_config`,
-`require_dir_on_node`: a model folder the driver saw may be missing on another node).
-`verl.workers.fsdp_workers` imports them, so its import path for them still works. Every error names the key and its
-value. Dtype spellings are `verl.utils.mixed_precision.canonical_dtype`'s.
-
-Layer 7 (with the workers): imports omegaconf, `verl.utils.mixed_precision`, `verl.workers.lora` and the worker
-base's `node_label`; no torch code.
+"""The FSDP workers' config checks and normalisation, run in each worker before a model is built:
+`normalize_batch_sizes`, `check_old_log_prob_reuse`, `compute_dtype`, and the helpers `fsdp_workers` uses and
+re-exports (`private_config`, `require_positive_int`, `check_supported`, `critic_fsdp_config`,
+`require_dir_on_node`). Every error names the key and its value. Layer 7: no torch code.
 """
 
 from __future__ import annotations

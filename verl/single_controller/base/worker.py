@@ -1,19 +1,9 @@
 """`Worker`: the base class of every process a worker group drives (actor/rollout/ref, critic, reward model).
 
-Owns reading a process's place in its group from the environment the worker group sets:
-`RANK`, `WORLD_SIZE`, `LOCAL_RANK` (the device index: on GPU Ray shows each worker only its own GPU, so 0),
-`LOCAL_WORLD_SIZE`, `RAY_LOCAL_RANK` (the index on the node), `MASTER_ADDR`, `MASTER_PORT`, `VERL_NUM_THREADS`
-(the process's CPU share: torch's intra-op threads are set to it at start, since Ray sets OMP_NUM_THREADS=1) and
-`VERL_WORKER_DEVICE` (the device the group placed it on: the worker enters that device's speed-ups,
-`verl.utils.acceleration`, which are none on a GPU).
-Rank 0 of a group is started without `MASTER_ADDR`/`MASTER_PORT`; it picks its node's IP and a free port
-and the group hands them to the other ranks.
-
-A Worker never initialises torch.distributed itself: the model workers do that in their `init_model`
-(`verl.utils.fsdp_utils.init_distributed()`, which reads the same variables), so the roles fused into one
-process share one process group. Also owns the per-mesh data-parallel ranks a worker registers for verl's nd
-dispatch (`_register_dispatch_collect_info`) and, for fused roles (`verl.single_controller.ray.colocate`), the
-roles of its process (`fused_worker_dict`, empty for a worker that is not fused). Must not import trainer or worker (layer 7) code.
+Reads the process's place in its group from the environment the group sets (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+`LOCAL_WORLD_SIZE`, `RAY_LOCAL_RANK`, `MASTER_ADDR`/`MASTER_PORT` (picked by rank 0), `VERL_NUM_THREADS`,
+`VERL_WORKER_DEVICE`); never initialises torch.distributed itself. Also owns the per-mesh dp ranks for verl's nd
+dispatch and, for fused roles, `fused_worker_dict`. Must not import trainer or worker code.
 """
 
 from __future__ import annotations

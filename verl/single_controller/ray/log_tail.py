@@ -1,14 +1,6 @@
-"""Worker output in the driver's console for a local Ray session, without Ray's log monitor.
-
-Ray writes each worker's stdout and stderr to files in the session's log folder (`worker-<id>-<job>-<pid>.out` /
-`.err`); its log monitor, a Python daemon of its own, tails them and publishes new lines through the GCS to
-the driver, which prints them as `(ActorName pid=N) line`. For a session the driver started on its own machine
-those files are local: `WorkerLogTail` reads them in a thread of the driver and prints the same lines, so the
-daemon can be stopped (`main_ppo.init_ray`). What it tails is what Ray's monitor tails for a driver: the workers'
-output and the raylet's and GCS's error files (crashes, out-of-memory kills), never the files' Ray markers
-(`:job_id:`, `:actor_name:`, `:task_name:` lines name the job and actor).
-
-Layer 6 (see docs/architecture.md#layers): standard library only.
+"""Worker output in the driver's console for a local Ray session, without Ray's log monitor: `WorkerLogTail` tails
+the session's worker and raylet/GCS error files in a driver thread and prints `(ActorName pid=N) line` as Ray does,
+skipping Ray's marker lines. Layer 6: standard library only.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Which Ray node each rank of a worker group runs on (`bundle_nodes`, `describe_placement`), and telling a lost
-node from a failed call: whether Ray has marked any of them dead, and the one message that names the node and the
-ranks.
-
-When a node goes away mid-call (its raylet killed, the machine gone), what the driver sees first is often not the
-lost rank's death, which Ray confirms only after its health checks time out, but a surviving rank's collective
-failing ("Connection reset by peer" from gloo or NCCL), or nothing at all for a while. So a worker group's future
-(`WorkerGroupFuture`) checks the nodes of the ranks it waits for every `NODE_CHECK_S` seconds; on a rank's death
-it reports the lost node if Ray marks one dead; on a collective's communication error it waits up to
-`loss_wait_s()` for the cause (a node marked dead, or another rank of the call dying) and reports that instead.
-
-Layer 6: Ray's public API only (`ray.nodes`, `ray.util.placement_group_table`).
+"""Which Ray node each rank of a worker group runs on (`bundle_nodes`, `describe_placement`), and telling a lost node
+from a failed call: a `WorkerGroupFuture` checks its ranks' nodes every `NODE_CHECK_S`, and on a rank's death or a
+collective's communication error (waiting up to `loss_wait_s()`) reports the node Ray marked dead.
+Layer 6: Ray's public API only.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Advantage estimators that need more than rewards and group ids: verl's gdpo, optimal_token_baseline and
-tir_optimal_token_baseline.
-
-Owns `compute_gdpo_outcome_advantage` (per-component rewards from the batch's `non_tensor_batch`),
-`compute_optimal_token_baseline_advantage` and `compute_multi_turn_optimal_token_baseline_advantage` (per-token
-baselines from the actor's `old_log_probs` and `sum_pi_squared`), and `VARIANT_ADV_ESTIMATORS`, the table
-core_algos registers them from (as it does `advantage.BUILTIN_ADV_ESTIMATORS`). Signatures and defaults follow
-verl 0.9.1; core_algos.compute_advantage hands each one the arguments its signature names.
-Layer 3 (docs/architecture.md#layers): torch, numpy, `verl.utils.torch_functional`, `advantage` and `loss_aggregation` only; must
-not import core_algos (which imports this module). Estimators run without gradient; reward/mask/log-prob
-tensors are (bs, response_length), `index` is (bs,).
+"""verl's advantage estimators that need more than rewards and group ids: gdpo (per-component rewards from
+`non_tensor_batch`), optimal_token_baseline and tir_optimal_token_baseline (per-token baselines from
+`old_log_probs` and `sum_pi_squared`), in `VARIANT_ADV_ESTIMATORS`, which core_algos registers.
+Layer 3: must not import core_algos. Estimators run without gradient; tensors (bs, response_length), `index` (bs,).
 """
 
 from __future__ import annotations

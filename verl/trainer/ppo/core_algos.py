@@ -1,15 +1,10 @@
 """PPO-family algorithm maths behind registries: verl's `verl.trainer.ppo.core_algos` surface.
 
-Owns: the advantage-estimator registry (`ADV_ESTIMATOR_REGISTRY`, `register_adv_est`, `get_adv_estimator_fn`,
-`AdvantageEstimator`), the policy-loss registry (`POLICY_LOSS_REGISTRY`, `register_policy_loss`,
-`get_policy_loss_fn`), the value and entropy losses, `compute_rewards`, the deprecated functional
-`compute_policy_loss`, `get_kl_controller`, PF-PPO resampling and the `DataProto` step the trainer calls:
-`compute_advantage`. The built-in estimators live in `advantage.py` (gdpo and the optimal-token-baseline ones in
-`advantage_variants.py`), the policy losses in `policy_loss.py` (dppo_tv, dppo_kl, sapo, geo_mean, dro
-in `policy_loss_variants.py`, bypass_mode in `policy_loss_bypass.py`), the KL estimators and controllers in `kl.py`,
-`agg_loss` in `loss_aggregation.py`; none of them imports this module. This module registers the built-ins from
-their tables and re-exports everything, so `core_algos.<name>` is verl's API.
-Layer 3 (docs/architecture.md#layers): torch, numpy, `verl.utils` and those modules only; no models, Ray or I/O.
+Owns the advantage-estimator and policy-loss registries (`register_adv_est`, `get_adv_estimator_fn`,
+`AdvantageEstimator`, `register_policy_loss`, `get_policy_loss_fn`), value and entropy losses, `compute_rewards`,
+the deprecated `compute_policy_loss`, `get_kl_controller`, PF-PPO resampling and `compute_advantage`. Registers
+the built-ins of `advantage*.py` and `policy_loss*.py` and re-exports them with `kl.py` and `loss_aggregation.py`
+(none of which imports this module). Layer 3: no models, Ray or I/O.
 """
 
 from __future__ import annotations

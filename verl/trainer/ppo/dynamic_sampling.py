@@ -1,21 +1,11 @@
 """Dynamic sampling (DAPO's `filter_groups`, ROLL's DynamicSamplingScheduler): keep generating until the batch holds
 `train_batch_size` prompt groups that pass the sample mask.
 
-Owns `DynamicSamplingScheduler` and `concat_aligned`. Layer 8 helper: drives callables it is given (draw prompts,
-roll out and score, judge groups); knows nothing of Ray or models.
-
-The rule, per bucket (a domain, or the whole batch without domains), each holding a target number of groups:
-    round 1 rolls out the step's prompts; every later round draws new prompts for the buckets still short
-    (`draw(shortfall)`), rolls them out and scores them. With `gen_batch_size` (verl's `data.gen_batch_size`, DAPO;
-    one bucket only) every round rolls out that many prompts instead: the next ones of the step's prompts and of as
-    many drawn batches as needed (prompts left over when the step's batch is complete are not used). Groups (same
-    uid) that pass go to the bucket's kept list,
-    the others to its spare list. Stop when every bucket holds its target, or after `max_num_gen_batches` rounds
-    (0 = no cap). At the cap the scheduler says so and continues with what it has (`on_cap="continue"`: the
-    shortfall is filled with spare groups, which train on nothing, their loss mask being zeroed by the caller) or
-    raises (`on_cap="error"`). The batch is the first `target` groups of each bucket, buckets in target order.
-Metrics: `train/num_gen_batches` (verl's name: rounds used), `dynamic_sampling/filtered_frac` (share of generated
-groups that failed), `dynamic_sampling/hit_cap` (1 when the cap stopped it short), `dynamic_sampling/padded_groups`.
+Owns `DynamicSamplingScheduler` (per bucket, a domain or the whole batch: round 1 rolls out the step's prompts,
+later rounds draw more for short buckets, or `gen_batch_size` prompts a round; passing groups are kept, others
+spare; at `max_num_gen_batches` it fills with spare groups (`on_cap="continue"`) or raises) and `concat_aligned`.
+Metrics: `train/num_gen_batches`, `dynamic_sampling/{filtered_frac,hit_cap,padded_groups}`.
+Layer 8 helper: drives the callables it is given; no Ray, no models.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The built-in PPO-family policy losses, registered by name in core_algos' policy-loss registry.
+"""The built-in PPO-family policy losses (vanilla dual-clip PPO, gspo, clip_cov, kl_cov, gpg, cispo, reinforce, topr)
+in `BUILTIN_POLICY_LOSSES`, and the private helpers the variants share (global-batch `agg_loss` arguments,
+truncated IS and AReaL's decoupled weight, metrics, clip ranges). core_algos owns the registry and registers them.
 
-Owns: the losses vanilla (dual-clip PPO), gspo, clip_cov, kl_cov, gpg, cispo, reinforce and topr, the table
-`BUILTIN_POLICY_LOSSES` that registers them, and their private helpers (global-batch arguments for `agg_loss`,
-truncated importance sampling and AReaL's decoupled behaviour weight, the metrics dict, clip ranges). Does not own
-the registry (`register_policy_loss`, `get_policy_loss_fn`) nor `agg_loss`: both live in core_algos, which imports
-this module at its end and re-exports the losses, so importing either module registers them. Layer 3 (docs/architecture.md#layers):
-imports torch, `verl.utils.torch_functional` and core_algos only. Every loss has verl's signature
-`fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_log_probs,
-rollout_is_weights) -> (pg_loss scalar, metrics)`; all tensors are (bs, response_length); `rollout_is_weights`
-(verl's `algorithm.rollout_correction` IS weights, detached) multiply the per-token losses before aggregation.
+Every loss has verl's signature `fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_log_probs, rollout_is_weights) -> (pg_loss, metrics)`, tensors (bs, response_length); `rollout_is_weights`
+multiply the per-token losses before aggregation. Layer 3: torch, `verl.utils.torch_functional`, core_algos' deps.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Further verl 0.9.1 policy losses, registered by name in core_algos' policy-loss registry.
-
-Owns: the losses dppo_tv and dppo_kl (divergence-masked PPO), sapo (soft-gated ratio), geo_mean (GMPO) and dro
-(quadratic log-ratio penalty), the table `VARIANT_POLICY_LOSSES` that registers them, and verl's type alias
-`PolicyLossFn`. Shares the private helpers of `policy_loss.py` (aggregation with global-batch counts, truncated IS
-and the decoupled behaviour weight, the metrics dict, clip ranges), so these losses normalise and reweight exactly
-as the built-in ones do. Does not own the registry: core_algos imports this module and registers the table.
-Layer 3 (docs/architecture.md#layers): imports torch, `verl.utils.torch_functional`, `loss_aggregation` and `policy_loss` only,
-never core_algos. Every loss has the signature of the built-in ones, `fn(old_log_prob, log_prob, advantages,
-response_mask, loss_agg_mode, config, rollout_log_probs, rollout_is_weights) -> (pg_loss scalar, metrics)`; all
-tensors are (bs, response_length); `rollout_is_weights` (verl's rollout-correction IS weights) multiply the token
-losses before aggregation, after the TIS / decoupled weights from `rollout_log_probs`.
+"""Further verl 0.9.1 policy losses: dppo_tv and dppo_kl (divergence-masked PPO), sapo (soft-gated ratio), geo_mean
+(GMPO) and dro (quadratic log-ratio penalty), in `VARIANT_POLICY_LOSSES`, and verl's alias `PolicyLossFn`.
+They share `policy_loss.py`'s helpers and signature, so they aggregate and reweight as the built-ins do.
+Layer 3: never imports core_algos (which registers the table).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Reward wiring of the PPO trainer: the custom reward function, the reward manager from config, and
-`compute_reward` (one batch -> token-level scores + per-sample extra info).
-
-Owns `CustomRewardFunction`, `get_custom_reward_fn(config)`, `load_reward_manager(config, tokenizer,
-num_examine, **reward_kwargs)`, `compute_reward(data, reward_fn)` and `agent_loop_scores(data)` (the scores
-verl's agent loops computed themselves). Config keys (verl's):
-`reward.custom_reward_function.path` / `.name` / `.reward_kwargs`, `reward.reward_manager.name` (default
-"naive"), `reward.on_error` ("raise" | "zero"), `reward.timeout_s` (seconds per score call),
-`reward.reward_kwargs` (manager keyword
-arguments, e.g. DAPO's `overlong_buffer_cfg`, or rlla flags such as `withlength: true` that are passed on
-to every score call), `data.reward_fn_key`, `reward.sandbox_fusion.url` / `.max_concurrent` /
-`.memory_limit_mb`. Must not import Ray or worker code.
+"""Reward wiring of the PPO trainer: `CustomRewardFunction`, `get_custom_reward_fn(config)`,
+`load_reward_manager(config, tokenizer, num_examine, **reward_kwargs)`, `compute_reward(data, reward_fn)` and
+`agent_loop_scores(data)`. Reads verl's `reward.*` keys (`custom_reward_function`, `reward_manager.name`,
+`on_error`, `timeout_s`, `reward_kwargs`, `sandbox_fusion`) and `data.reward_fn_key`. Must not import Ray or workers.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The RLVR part of a training step (ROLL's multi-domain pipeline inside verl's loop): after phases 1-4 (generate and
-score), the sample mask step, dynamic sampling and per-domain reward processing, before log-probs and advantages.
+"""The RLVR part of a training step (ROLL's multi-domain pipeline inside verl's loop), between scoring and log-probs.
 
-Owns `RLVRStep` (built by `build_rlvr_step(config)`, None when no RLVR feature is on, so a plain run takes the
-trainer's original path untouched) and `make_domain_sampler(config, dataset)`. Layer 8 helper: calls the trainer's
-rollout through a callable; no Ray, no models.
-
-`RLVRStep.run(prompts, rollout, draw, metrics)`:
-1. roll out and score (`rollout`); with `algorithm.filter_groups.enable` the DynamicSamplingScheduler repeats this
-   with new prompts (`draw`) until each domain holds its share of groups that pass the group filters;
-2. keep the verifier's score of every sample as `raw_scores` (bs,) (logged as `critic/score/*`);
-3. the sample mask (reward_processing.sample_mask): overlong masking, equal-reward and difficulty group filters;
-4. per domain: normalise, clip, scale and weight the scores; the processed score replaces the sequence's score in
-   `token_level_scores` (the difference goes on its last response token), so KL-in-reward and the advantage
-   estimator see it (`critic/rewards/*`);
-5. dropped samples get an all-zero `response_mask`: they stay in the batch (shapes unchanged) but add nothing to
-   any loss. If every sample would be dropped, nothing is (`actor/mask_fallback` = 1).
+Owns `RLVRStep` (`build_rlvr_step(config)`; None when no RLVR feature is on, so a plain run is untouched) and
+`make_domain_sampler`. `RLVRStep.run(prompts, rollout, draw, metrics)`: roll out and score (repeated by the
+dynamic-sampling scheduler with `filter_groups`), keep `raw_scores`, apply the sample mask, process scores per
+domain into `token_level_scores`, and zero the `response_mask` of dropped samples (none when all would be:
+`actor/mask_fallback`). Layer 8 helper: no Ray, no models.
 """
 
 from __future__ import annotations

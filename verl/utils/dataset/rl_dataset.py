@@ -1,15 +1,7 @@
-"""RL prompt dataset: parquet rows of chat prompts -> left-padded token tensors, plus a resumable sampler.
-
-Owns `RLHFDataset` (verl's name and config keys), its `collate_fn` and `create_rl_sampler` (a
-`ResumableSampler` from `samplers.py`, re-exported here). Layer 4: imports torch, pyarrow, numpy and `verl.utils` (layer 1); never Ray.
-
-A row of the parquet files (verl's layout) holds `prompt` (chat messages `[{role, content}, ...]`),
-`data_source`, `reward_model` (`{"style": "rule", "ground_truth": ...}`), `extra_info` (with `index`), and any
-other column; every column but the prompt is carried through unchanged as a non-tensor field.
-
-The dataset holds only plain rows, the tokenizer and config values, so it pickles into DataLoader workers
-and keeps no iteration state (no `resume_dataset_state`): the data order lives in `ResumableSampler`, whose
-`state_dict()`/`load_state_dict()` (epoch, position) give a bit-exact resume without StatefulDataLoader.
+"""RL prompt dataset: parquet rows of chat prompts (verl's layout) -> left-padded token tensors, every other column
+carried as a non-tensor field. Owns `RLHFDataset`, its `collate_fn` and `create_rl_sampler` (the `ResumableSampler`
+of `samplers.py`: the data order and its bit-exact resume state live there, not in the picklable dataset).
+Layer 4: never Ray.
 """
 
 from __future__ import annotations

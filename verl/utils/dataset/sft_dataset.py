@@ -1,16 +1,6 @@
-"""SFT dataset: parquet rows of chat messages (or prompt/response pairs) -> padded token tensors + loss mask.
-
-Owns `SFTDataset`. Two row layouts, picked by the columns present:
-- multi-turn: a `messages_key` column holding `[{role, content}, ...]`; every assistant turn is trained on.
-- prompt/response: `prompt_key` (a chat list, or a string taken as one user message) and `response_key`
-  (a string); the response plus the eos token is trained on.
-
-`loss_mask[t] == 1` means token `t` is a target of the loss (an assistant token, the `<|im_end|>` closing an
-assistant turn included; the chat header `<|im_start|>assistant\\n` and the newline after `<|im_end|>`
-excluded). It is aligned with `input_ids`, not shifted: the trainer weighs the prediction of token `t` (from
-the logits at `t - 1`) with `loss_mask[t]`.
-
-Layer 4 (utils/dataset): imports torch, pandas and `verl.utils.torch_functional`; never Ray.
+"""SFT dataset: parquet rows of chat `messages` (every assistant turn trained) or prompt/response pairs (the response
+plus eos trained) -> padded token tensors and `loss_mask`, aligned with `input_ids` (not shifted: 1 on assistant
+tokens and their `<|im_end|>`, 0 on the chat header). Owns `SFTDataset`. Layer 4: never Ray.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""A reward-free control for an RL run, as a verl custom reward function: constant on training rows, real on
-validation rows.
-
-    reward.custom_reward_function.path=verl/utils/reward_score/control.py reward.custom_reward_function.name=compute_score
-
-Every training response scores `CONTROL_SCORE`, so each GRPO / RLOO / REINFORCE++ group has zero advantage and the
-policy-gradient term is exactly zero: whatever still moves the policy (an entropy term, a KL term) is what the
-job does without the reward's signal. Validation rows keep their data source's own reward
-(`default_compute_score`), so the control's validation figures compare with the real run's. A row is a training
-row when its `extra_info.split` is "train" (the field verl's data scripts and this project's data write); a row
-without that field stops the run, since it cannot be told apart. The real score of each training response is
-still returned, as `real_score` (logged as `reward_extra/real_score/mean`), and not used by the update.
-
-`bash train_grpo.sh` with `CONTROL=1` runs the default job this way. Layer 3: pure functions of strings.
+"""A reward-free control as a verl custom reward function: every training row (`extra_info.split == "train"`, else
+an error) scores `CONTROL_SCORE`, so the policy gradient is zero; validation rows keep their real reward. The real
+score is returned as `real_score`. `bash train_grpo.sh` with `CONTROL=1` runs the default job this way.
+Layer 3: pure functions of strings.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """LLM-as-a-judge reward: ask another model behind an OpenAI-compatible `/v1/chat/completions` endpoint.
 
-Owns `JudgeConfig`, `resolve_config(config=None, **overrides)`, `JudgeError` and
-`compute_score(solution_str, ground_truth, extra_info=None, config=None, **overrides) -> float`.
-Standard library only (urllib for HTTP); no tensors, no Ray.
-
-Settings, highest precedence first: keyword overrides, `config` (a dict or DictConfig), environment
-variables `VERL_JUDGE_URL`, `VERL_JUDGE_MODEL`, `VERL_JUDGE_API_KEY`, then the defaults below. `url` is the
-server's base (`http://host:8000/v1`) or the full `.../chat/completions` address.
-
-The prompt template is formatted with `{question}` (from `extra_info["question"]`, else ""),
-`{ground_truth}` and `{solution}`; the score is the LAST match of `score_regex` in the judge's reply (its
-first group if it has one). Each request has a timeout; a refused connection, a timeout, an HTTP 429/5xx
-or a reply without a score is retried `max_retries` times with exponential backoff (`backoff_s`, doubled
-each time); other HTTP errors fail at once. When every attempt fails: `on_error="raise"` raises JudgeError,
-a number is returned as the score. At most `max_concurrency` requests per endpoint are in flight in one
-process (a semaphore shared by all threads of the process).
+Owns `JudgeConfig`, `resolve_config`, `JudgeError` and `compute_score`. Settings: keyword overrides, `config`,
+`VERL_JUDGE_URL` / `_MODEL` / `_API_KEY`, then defaults. The score is the last match of `score_regex`; refused
+connections, timeouts, HTTP 429/5xx and replies without a score are retried with exponential backoff; at most
+`max_concurrency` requests per endpoint per process. Standard library only.
 """
 
 from __future__ import annotations

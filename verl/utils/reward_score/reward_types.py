@@ -1,14 +1,6 @@
-"""Reward worker types of the multi-domain RLVR pipeline (ROLL's `math_rule`, `code_sandbox`, `llm_judge`, ...): which
-scorer a type runs and which type a data source belongs to.
-
-Owns `REWARD_TYPES`, `reward_type_of(reward)` and `make_compute_score(reward_type)`. Layer 3: pure functions of
-strings on top of `default_compute_score`; no tensors, no Ray.
-
-    math_rule     gsm8k's "#### N" rule for gsm8k data sources, the MATH boxed-answer rule otherwise
-    code_sandbox  the code sandbox (stdin/stdout or assert tests in the ground truth; pass fraction)
-    llm_judge     an OpenAI-compatible chat endpoint (settings as keyword arguments: url, model, api_key, ...)
-    rlla          ToolRL's tool-call reward
-    ifeval        IFEval-style verifiable instructions (ifeval.py)
+"""Reward worker types of the multi-domain RLVR pipeline (ROLL's): `REWARD_TYPES` (`math_rule`, `code_sandbox`,
+`llm_judge`, `rlla`, `ifeval`), `reward_type_of(reward)` and `make_compute_score(reward_type)`.
+Layer 3: pure functions of strings; no tensors, no Ray.
 """
 
 from __future__ import annotations

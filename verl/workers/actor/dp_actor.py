@@ -1,16 +1,9 @@
-"""The data-parallel PPO actor: log-probs of responses and the policy update of one rank.
+"""The data-parallel PPO actor: `DataParallelPPOActor` (verl's API: `compute_log_prob`, `update_policy`).
 
-Owns `DataParallelPPOActor` (verl's API: `compute_log_prob`, `update_policy`): which batch keys an update needs,
-masking the rows a dispatch padded, the per-step shuffle, mini-batches and the actor's metrics. Every forward and
-backward runs on a training engine (`verl.workers.engine.FSDPEngineWithLMHead`: micro-batches, the model call,
-the clipped optimizer step) with the PPO loss of `verl.workers.utils.losses.ppo_loss`: the same code path a user
-gets from `engine.train_batch(data, partial(ppo_loss, config))`. The engine is the worker's when it passes one;
-otherwise one is made around the module and optimizer given (verl's constructor).
-
-The module may be a plain `nn.Module` or one wrapped by FSDP2 (`fully_shard`); gradients are assumed to be
-averaged over the data-parallel ranks (what FSDP does), which is why losses are scaled by `dp_size`. The batch
-helpers the critic shares live in `verl.workers.engine.utils` and are re-exported here.
-Layer 5 (docs/architecture.md#layers): no Ray here.
+Every forward and backward runs on a training engine (the worker's, or one made around the given module and
+optimizer) with `verl.workers.utils.losses.ppo_loss`, the same path as `engine.train_batch(data, partial(ppo_loss,
+config))`. Gradients are assumed averaged over dp ranks (FSDP), hence losses scaled by `dp_size`. Re-exports the
+batch helpers of `verl.workers.engine.utils`. Layer 5: no Ray.
 """
 
 from __future__ import annotations

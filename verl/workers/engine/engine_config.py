@@ -1,18 +1,8 @@
 """One config object for a training engine: `engine_sections(...)` gives the four sections `FSDPEngine` takes.
 
-`FSDPEngine(config=cfg)` (or `FSDPEngine(cfg)` when `cfg` looks like a whole config: see `is_engine_config`) reads
-`cfg` (a DictConfig, a dataclass or a mapping) in either of two shapes, or a mix of them:
-- verl's sections: `model` (verl's `actor_rollout_ref.model`), `optim`, `fsdp_config`, `checkpoint`, passed on as
-  they are; or `actor` holding `optim`/`fsdp_config`/`checkpoint` (verl's actor section; its PPO settings belong to
-  the loss, not the engine, and are not read);
-- AReaL's `TrainEngineConfig`: `path`, `attn_impl`, `gradient_checkpointing`, `dtype` (the master weights'),
-  `use_lora`/`lora_rank`/`lora_alpha`/`target_modules`, `optimizer` (`type` adam, `lr`, `weight_decay`, `beta1`,
-  `beta2`, `eps`, `min_lr_ratio`, `lr_scheduler_type`, `warmup_steps_proportion`, `offload`, `gradient_clipping`)
-  and `fsdp` (`wrap_policy`, `offload_params`), translated to verl's keys; `experiment_name`/`trial_name` are not
-  read. No AReaL defaults are applied: an unset key takes the engine's default.
-A key or section outside these, a value set twice (`path` and `model.path`), or a section both ways (`optim` and
-`optimizer`) is refused with a ValueError naming it. A None outside verl's sections counts as unset (a dataclass's
-empty field).
+Reads verl's sections (`model`, `optim`, `fsdp_config`, `checkpoint`, or an `actor` holding them) or AReaL's
+`TrainEngineConfig` (`path`, `dtype`, `optimizer`, `fsdp`, LoRA keys, ... translated to verl's keys; no AReaL
+defaults), or a mix. An unknown key, a value set twice or a section given both ways is a ValueError naming it.
 Layer 1-like: omegaconf only.
 """
 

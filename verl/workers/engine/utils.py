@@ -1,16 +1,7 @@
-"""What every training engine does around the model call: micro-batches, global counts, the clipped step.
-
-Owns the pieces the engines (`verl.workers.engine.fsdp`) and the PPO actor/critic share:
-- `micro_batch_plan` / `split_micro_batches`: cut a batch into micro-batches of a fixed number of rows or of a
-  token budget (`use_dynamic_bsz`), optionally with the rows of one prompt side by side (`share_prompt_prefix`);
-  `restore_order` undoes the permutation for per-row outputs;
-- `global_batch_counts`: samples and loss tokens of a (mini-)batch summed over the data-parallel ranks, the
-  denominators every loss is aggregated with (verl's `global_batch_size` / `batch_num_tokens`);
-- `clip_grad_and_step`: clip the global gradient norm, step, or skip a non-finite step;
-- `mask_padding_rows` / `REAL_ROW_KEY`: the rows a dispatch padded train on nothing;
-- `data_parallel_size`, `module_device`, `all_reduce_sum`, `one_rank_fsdp2`.
-
-Layer 5 (docs/architecture.md#layers): torch, verl.protocol and layer-1 helpers; no Ray, no trainer code.
+"""What every training engine does around the model call: `micro_batch_plan` / `split_micro_batches` (fixed rows or
+a token budget, prompt groups side by side) and `restore_order`, `global_batch_counts` (verl's
+`global_batch_size` / `batch_num_tokens` over the dp ranks), `clip_grad_and_step` (skips a non-finite step),
+`mask_padding_rows` / `REAL_ROW_KEY`, and small helpers. Layer 5: no Ray, no trainer code.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""What every reward manager shares: decode responses, call the score function, check what it returns,
-and place each score at the last valid response token.
+"""What every reward manager shares: decode responses, call the score function, check what it returns, and place
+each score at the last valid response token.
 
-Owns `RewardManagerBase` (constructor and `__call__` of verl's reward managers; subclasses change how
-samples are scored, `score_samples`, or how scores become rewards, `final_rewards`), `RewardSample`,
-`ScoreFailure`, `RewardFunctionError` and `normalize_result`. Layer 4: imports torch, `verl.protocol`
-and `verl.utils.reward_score`, never models or Ray.
-
-A score call can be given a wall-time limit (`timeout_s`, the trainer's `reward_model.timeout_s`): a call
-still running after that many seconds is interrupted with a TimeoutError (SIGALRM, so in the main thread only, and only
-between Python bytecodes: a scorer stuck inside one C call is interrupted when that call returns; the
-"prime" manager, one killable process per sample, also stops those).
-
-Failures (an exception, a timeout, or a result that is not a finite float32 number / a dict with "score" /
-rlla's 4-tuple): with `on_error="raise"` (default) a RewardFunctionError names the row, the data_source, the
-dataset index when the batch has one, and the bad value; with `on_error="zero"` the sample scores 0.0,
-and `reward_extra_info["reward_errors"]` holds 1 for it (0 for the others) so that the trainer logs the
-error rate as `reward_extra/reward_errors/mean`.
+Owns `RewardManagerBase` (subclasses override `score_samples` or `final_rewards`), `RewardSample`, `ScoreFailure`,
+`RewardFunctionError` and `normalize_result`. `timeout_s` interrupts a score call by SIGALRM (main thread, between
+bytecodes). A failure (exception, timeout, or not a finite number / dict with "score" / rlla's 4-tuple) raises
+`RewardFunctionError` naming row, data_source and value, or with `on_error="zero"` scores 0.0 and sets
+`reward_extra_info["reward_errors"]`. Layer 4: never models or Ray.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The rollout engine interface and the steps every engine shares.
 
-Owns: `BaseRollout` (`generate_sequences`, `update_weights`, `agenerate` through the engine's
-`AsyncRolloutEngine`), `named_tensor_stream` and `engine_dtype` (what `update_weights` takes: a state dict, or the
-stream of weight buckets `verl.workers.weight_sync` sends), `pad_responses` and `build_rollout_output`, which turns
-left-padded prompts plus generated ids into the batch fields of one PPO step (`prompts`, `responses`, `input_ids`,
-`attention_mask`, `position_ids`, `response_mask`, `rollout_log_probs`).
-
-The sampling helpers (`SamplingSettings`, `resolve_sampling`, `generation_seed`, `resolve_token_ids`) live in
-`sampling.py` and are re-exported here. Layer 5: imports torch, verl.protocol, verl.utils, `async_engine` and
-`sampling`; must not import Ray or verl.single_controller.
+Owns `BaseRollout` (`generate_sequences`, `update_weights`, `agenerate`), `named_tensor_stream` and `engine_dtype`
+(what `update_weights` takes), `pad_responses` and `build_rollout_output` (left-padded prompts + generated ids ->
+`prompts`, `responses`, `input_ids`, `attention_mask`, `position_ids`, `response_mask`, `rollout_log_probs`);
+re-exports the sampling helpers of `sampling.py`. Layer 5: must not import Ray or verl.single_controller.
 """
 
 from __future__ import annotations

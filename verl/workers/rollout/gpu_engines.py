@@ -1,17 +1,7 @@
-"""What the engines built from a model path (`vllm`, `sglang`) share: the request preparation and the output
-assembly of one `generate_sequences` call, weight buckets by size and the check that weights carry plain HF names.
-
-Owns `import_gpu_engine` (CUDA check + lazy import for the GPU-only `sglang`, with a message naming
-`rollout.name=hf`), `engine_kwargs_section`
-(`rollout.engine_kwargs.<engine>`), `max_model_len`, `EngineRequests` / `prepare_requests` (a left-padded prompt
-batch -> unpadded token-id prompts plus the sampling settings, eos/pad ids, stop ids, seed and whether log-probs are
-wanted), `assemble_output` (generated ids and sampled log-probs -> the PPO batch via `build_rollout_output`) and
-`weight_buckets_by_size` (a state dict, a stream of `(name, tensor)` pairs or a stream of buckets -> buckets of at
-most N bytes in the engine's dtype) and `peft_name_problem` (these engines load HF checkpoint names only, so a
-peft-named tensor is refused with a message saying LoRA must arrive merged).
-
-Nothing here imports an engine package. Layer 5: imports torch, verl.protocol and the rollout base; must not import
-Ray or verl.single_controller.
+"""What the engines built from a model path (`vllm`, `sglang`) share: `import_gpu_engine`, `engine_kwargs_section`,
+`max_model_len`, `EngineRequests` / `prepare_requests` (left-padded batch -> unpadded prompts and sampling
+settings), `assemble_output`, `weight_buckets_by_size` and `peft_name_problem` (LoRA must arrive merged, under HF
+names). Imports no engine package. Layer 5: must not import Ray or verl.single_controller.
 """
 
 from __future__ import annotations

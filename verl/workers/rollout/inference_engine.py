@@ -1,14 +1,8 @@
-"""An inference engine for a hand-written RL loop: `build_inference_engine(model_path, config)`.
-
-Builds the `hf` rollout engine on its own copy of the model (frozen, in `config["dtype"]`, LoRA adapters when
-`lora` gives a rank, so that a LoRA training engine's adapter stream fits it) and wraps it in an
-`AsyncRolloutEngine` (AReaL-lite's `InferenceEngine` API: `agenerate`, `rollout_batch(rows, workflow)`,
-`update_weights`, `set_version`; ready once built, so `initialize(None, ft_spec)` has nothing to start). Every rank of a data-parallel loop builds its own; the training engine refreshes
-it with `upload_weights(WeightUpdateMeta.from_colocated(engine))` after each step.
-
-`config` holds `actor_rollout_ref.rollout` keys (verl's names); unset ones take the defaults below, which are
-verl's except `calculate_log_probs` (true: a workflow gets each token's log-prob) and `dtype` (float32).
-Layer 5: no Ray.
+"""An inference engine for a hand-written RL loop: `build_inference_engine(model_path, config)` builds the `hf`
+rollout engine on its own frozen copy of the model (LoRA adapters when `lora` gives a rank) wrapped in an
+`AsyncRolloutEngine` (AReaL-lite's `InferenceEngine`), refreshed by `upload_weights(WeightUpdateMeta
+.from_colocated(engine))`. `config` holds `rollout` keys; defaults are verl's except `calculate_log_probs` (true)
+and `dtype` (float32). Layer 5: no Ray.
 """
 
 from __future__ import annotations

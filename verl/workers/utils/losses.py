@@ -1,17 +1,9 @@
 """The PPO actor and critic losses as engine loss functions (verl 0.9.1's `verl.workers.utils.losses`).
 
-`ppo_loss(config, model_output, data, dp_group=None)` and `value_loss(config, model_output, data, dp_group=None)`
-have the signature `BaseEngine.forward_backward_batch` calls a loss with once `config` is bound
-(`functools.partial(ppo_loss, config)`): `model_output` is the engine's (`log_probs`, `entropy` / `values`, each
-(bs, response_len)), `data` the micro-batch TensorDict with the loss inputs (`response_mask`, `old_log_probs`,
-`advantages`, `ref_log_prob`, `rollout_log_probs`, `rollout_is_weights` / `values`, `returns`) and the global counts
-the engine adds (`dp_size`, `batch_num_tokens`, `global_batch_size`). Both return (loss, metrics); a metric named
-like the loss is this micro-batch's share of the global mini-batch loss (they add up over micro-batches, and
-their mean over ranks is the mini-batch loss), the others are per micro-batch.
-
-This is the one place the PPO update's loss is written: `DataParallelPPOActor.update_policy` and a user calling
-`engine.train_batch(data, partial(ppo_loss, config))` run the same code.
-Layer 5: imports the algorithm code (layer 3) and torch.
+`ppo_loss(config, model_output, data, dp_group=None)` and `value_loss(...)`, bound with `functools.partial`, are
+what `forward_backward_batch` calls per micro-batch; `data` carries the loss inputs and the engine's global counts
+(`dp_size`, `batch_num_tokens`, `global_batch_size`). They return (loss, metrics); the metric named like the loss is
+the micro-batch's share of the mini-batch loss. The one place the PPO update's loss is written. Layer 5.
 """
 
 from __future__ import annotations

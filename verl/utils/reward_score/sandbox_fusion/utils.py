@@ -1,18 +1,9 @@
 """HTTP client of a SandboxFusion `/run_code` service and the per-test-case verdicts (verl's sandbox_fusion.utils).
 
-Owns `call_sandbox_api` (one request, retried on HTTP 504 only, as verl does), `check_correctness` (all
-test cases of one program, in threads, at most `concurrent_semaphore`'s count in flight) and the verdict
-codes below. Standard library only (urllib); no tensors, no Ray.
-
-Request (JSON POSTed to the configured URL, e.g. `http://host:8080/run_code`):
-`{"compile_timeout", "run_timeout", "code", "stdin", "memory_limit_MB", "language", "files": {}, "fetch_files": []}`.
-Response fields read: `status` ("Success" | "Failed" | "SandboxError"), `compile_result` and `run_result`
-(`status` "Finished" | "TimeLimitExceeded" | "Error", `stdout`, `stderr`, `return_code`, `execution_time`).
-
-Verdict of one test case: True (passed), False (wrong answer), -1 (request failed / sandbox error / unknown
-state), -2 (runtime error), -3 (time limit), -4 (compile error or compile time limit; every later case is
-then marked -4 too). Output comparison: `stdout.rstrip("\\n") == str(expected).rstrip("\\n")`; an expected
-output of None passes any program that finishes (assert-style cases).
+Owns `call_sandbox_api` (retried on HTTP 504 only) and `check_correctness` (threads, bounded by
+`concurrent_semaphore`). Verdicts: True, False (wrong answer), -1 (request failed / sandbox error), -2 (runtime
+error), -3 (time limit), -4 (compile error; later cases too). Expected output None passes any program that
+finishes. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The `environment` workflow: a verifiers-style `Environment` drives each episode through the OpenAI API.
 
-Per row: the environment gets a fresh in-process `OpenAIClient` over the engine, the row's chat prompt
-(`raw_prompt`: set `data.return_raw_chat=true`) and answer (`reward_model["ground_truth"]`), runs
-`env.run(...)` (rollout + rubric), and the client's recorded `trajectory()` becomes the training row:
-prompt = the first request's prompt ids (left-padded to the batch's prompt width), response = the model's
-tokens (trained) and the tokens between its turns (`response_mask` 0), `token_level_scores` = the rubric's
-reward at the last model token. An episode that made no request is rejected.
-
-workflow_kwargs: `env` (dotted path or "file.py:Class" of an `Environment`, or an instance when built in
-Python), `env_kwargs` (its constructor arguments), `sampling_args` (passed to `env.run`).
-
-Layer 5: must not import Ray.
+Per row the environment runs `env.run(...)` with a fresh in-process `OpenAIClient`, the row's `raw_prompt`
+(`data.return_raw_chat=true`) and `reward_model["ground_truth"]`; the client's `trajectory()` becomes the training
+row, the rubric's reward at the last model token. An episode without a request is rejected. workflow_kwargs:
+`env` (dotted path, "file.py:Class" or an instance), `env_kwargs`, `sampling_args`. Layer 5: must not import Ray.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The one adapter between the trainer's DataProto rows and AReaL-lite-style workflows on plain rows.
 
-A workflow's `arun_episode(engine, data)` may be written either way:
-- DataProto style (this project's built-in workflows): `data` is a one-row DataProto of the generation batch,
-  the result a one-row DataProto with the rollout fields (`single_turn_row`, `trajectory_row`);
-- AReaL-lite style: `data` is a plain row (`data["messages"]`, `data["answer"]`, ...), the result a TensorDict of
-  batch size [1] with `input_ids` (prompt + completion), `attention_mask`, `loss_mask` (0 on the prompt, 1 on the
-  completion), optionally `rewards` (per token), `logprobs` (per token) and `versions`.
-
-In the trainer every workflow gets an `EpisodeRow`: the one-row DataProto, which also reads like a dict row
-(`row["messages"]` is the chat from `raw_prompt` (needs `data.return_raw_chat=true`), `row[field]` a non-tensor
-field's value, `row.keys()`, `row.get(...)`, `**row`), so a workflow of either style runs unchanged; a TensorDict
-result becomes the training row by `training_row` (its own prompt tokens, the completion as the response, the loss
-mask as `response_mask`, the reward at the completion's last loss token as `token_level_scores`). In a hand-written
-loop (`AsyncRolloutEngine.rollout_batch`) workflows get plain dict rows and return TensorDicts.
-
-Layer 5: imports torch, tensordict, verl.protocol and the rollout base; must not import Ray.
+In the trainer every workflow gets an `EpisodeRow`: a one-row DataProto that also reads like a dict row
+(`row["messages"]` from `raw_prompt`, non-tensor fields, `keys()`, `get`, `**row`). A TensorDict result (`input_ids`,
+`attention_mask`, `loss_mask`, optional `rewards`, `logprobs`, `versions`) becomes the training row by
+`training_row`. Layer 5: must not import Ray.
 """
 
 from __future__ import annotations
