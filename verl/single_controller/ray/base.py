@@ -257,19 +257,13 @@ def _check_worker_env(worker_env: dict[str, str] | None) -> dict[str, str]:
 class RayWorkerGroup(WorkerGroup):
     """One Ray actor of `ray_cls_with_init` per bundle of `resource_pool`, driven as one object.
 
-    Every `@register`ed method of the class becomes a method of the group (see the module doc); any method,
-    registered or not, can also be called by name on every rank (`execute_all_sync`, ...) or on rank 0
-    (`execute_rank_zero_sync`, ...). Each actor is started with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
-    (also as verl's RAY_LOCAL_WORLD_SIZE), MASTER_ADDR, MASTER_PORT, WG_PREFIX (the name prefix), WG_BACKEND=ray,
-    VERL_NUM_THREADS and VERL_WORKER_DEVICE set (plus the device's `worker_env`, `verl.utils.acceleration`, and
-    then the caller's `worker_env`, which may not set any of the variables named before), at nice 0 (Ray's default
-    is 15; a RAY_worker_niceness of the driver wins): rank 0 starts first and picks MASTER_ADDR (its node IP) and
-    a free MASTER_PORT, then the other ranks start with those. RAY_LOCAL_RANK is the process's index on its node;
-    LOCAL_RANK is the same on CPU but 0 on GPU, where Ray makes only the actor's own GPU visible (so
-    `cuda:LOCAL_RANK` is its device). `bin_pack=True` keeps each node's processes on one node (STRICT_PACK
-    placement groups; False: PACK). `detached=True` names the actors and lets them outlive the driver. For a
-    fused class (`create_colocated_worker_cls`) use `spawn` to get one handle per role, or `fuse` to set them
-    as attributes of the group.
+    Every `@register`ed method becomes a method of the group; any method can also be called by name on every rank
+    (`execute_all_sync`, ...) or on rank 0 (`execute_rank_zero_sync`, ...). Each actor starts with RANK,
+    WORLD_SIZE, LOCAL_RANK (0 on GPU, where Ray shows one GPU), LOCAL_WORLD_SIZE (also RAY_LOCAL_WORLD_SIZE),
+    MASTER_ADDR/MASTER_PORT (picked by rank 0, which starts first), WG_PREFIX, WG_BACKEND=ray, VERL_NUM_THREADS,
+    VERL_WORKER_DEVICE, then the device's and the caller's `worker_env` (which may not override those), at nice 0.
+    `bin_pack=True`: STRICT_PACK placement groups (False: PACK); `detached=True` names the actors and lets them
+    outlive the driver. For a fused class use `spawn` (one handle per role) or `fuse`.
     """
 
     requires_ray = True  # the trainer checks Ray's resources before creating groups of this class

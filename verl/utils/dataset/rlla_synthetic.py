@@ -1,27 +1,11 @@
 """Synthetic RLLA (ToolRL) look-alike records: the project's default tool-use RL task.
 
-Owns the fixed pool of 12 tools, the request templates and `generate_records(n, seed)`, which makes
-`{instruction, input, output}` records in the shape of ToolRL's `rlla_rl.json`: the instruction is a short
-system prompt listing 3-4 tools (name, description, parameters with types) and the output format; the input
-is one user turn; the output is the ground truth, either
-
-    <think> ... </think>\\n<tool_call>\\n{"name": ..., "parameters": {...}}\\n</tool_call>      (1 or 2 calls)
-    <think> ... </think>\\n<response> ... </response>                                       (no listed tool fits)
-
-which matches the format regexes of `verl.utils.reward_score.rlla` exactly (each tag once, no blank lines).
-
-Designed for a ~1M-parameter model trained on CPU in minutes: few tools, every argument value is copied
-verbatim from the request, short texts (a prompt is ~150-300 tokens with a byte-level BPE of a few thousand
-tokens). The headroom the reward can measure: picking the right tool among several that share parameter
-names (three take a `city`), copying values exactly (integers as JSON numbers), making one or two calls in
-the order asked, and answering with `<response>` when the needed tool is not in the catalogue.
-
-`demonstration(record, rng)` gives the SFT target of a record as the default job's imperfect demonstrator writes
-it: with probability P_STALE, the answer for version 1 of the tools (other parameter names, integers as strings,
-no get_forecast), which the reward scores below the right one. See the section "imperfect demonstrations".
-
-Deterministic: the same `(n, seed)` gives the same records on every platform (only `random.Random` is used).
-Layer 4 (`verl/utils/dataset`): standard library only.
+Owns the fixed pool of 12 tools, the request templates and `generate_records(n, seed)`: `{instruction, input,
+output}` records in the shape of ToolRL's `rlla_rl.json`, whose ground truth (`<think>` then one or two
+`<tool_call>` blocks, or a `<response>` when no listed tool fits) matches `verl.utils.reward_score.rlla`'s format
+regexes exactly. Sized for a ~1M-parameter model trained on CPU in minutes. `demonstration(record, rng)` is the
+default job's imperfect SFT target (with probability P_STALE the answer for version 1 of the tools; see
+"imperfect demonstrations"). Deterministic per `(n, seed)` on every platform. Layer 4: standard library only.
 """
 
 from __future__ import annotations

@@ -179,20 +179,13 @@ class DataParallelPPOActor:
     def update_policy(self, data: DataProto) -> dict[str, list[float] | float]:
         """Run `ppo_epochs` passes of mini-batch PPO updates on `data`; return verl's actor metrics.
 
-        `data.batch`: `input_ids`, `attention_mask`, `position_ids`, `responses`, `response_mask`,
-        `old_log_probs`, `advantages` (the response-shaped ones (bs, response_len)), plus `ref_log_prob` when
-        `use_kl_loss`, and `rollout_log_probs` / `rollout_is_weights` (verl's rollout-correction IS weights) when
-        present. `data.meta_info["temperature"]` is required.
-
-        Each mini-batch is one `engine.train_batch` with `ppo_loss`: every loss term is aggregated with the
-        mini-batch's global sample and token counts (summed over ranks) and scaled by `dp_size`, so that summing
-        micro-batch gradients and averaging them over ranks gives the gradient of the loss over the whole global
-        mini-batch, however it is split.
-        Metrics: lists with one value per micro-batch for the policy loss's own metrics (`actor/pg_clipfrac`,
-        `actor/ppo_kl`, ...) and one per mini-batch for `actor/grad_norm` and the losses (`actor/pg_loss`,
-        `actor/kl_loss`, `actor/entropy`: this rank's share times `dp_size`, whose mean over ranks is the
-        loss of the global mini-batch); `actor/nonfinite_steps` (float) counts the optimizer steps skipped
-        because the grad norm was not finite.
+        `data.batch` needs `input_ids`, `attention_mask`, `position_ids`, `responses`, `response_mask`,
+        `old_log_probs`, `advantages`, plus `ref_log_prob` with `use_kl_loss`; `rollout_log_probs` /
+        `rollout_is_weights` are used when present; `meta_info["temperature"]` is required. Each mini-batch is one
+        `engine.train_batch` with `ppo_loss`, aggregated with global counts, so the gradient is that of the loss
+        over the global mini-batch however it is split. Metrics: per micro-batch lists for the policy loss's own
+        metrics, per mini-batch for `actor/grad_norm` and the losses (this rank's share times `dp_size`), and
+        `actor/nonfinite_steps` (skipped optimizer steps).
         """
         if self.actor_optimizer is None:
             raise ValueError("update_policy needs an optimizer: construct DataParallelPPOActor with actor_optimizer")

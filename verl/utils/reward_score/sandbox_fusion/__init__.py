@@ -1,22 +1,11 @@
 """Code reward through a SandboxFusion-compatible HTTP service (https://github.com/bytedance/SandboxFusion).
 
-Owns `compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, completion, test_cases,
-continuous=False, timeout=10) -> (score, metadata_list)`, verl's function of the same name; the HTTP client
-and the per-case verdicts are in `utils.py`. Used by `default_compute_score` for the code data sources
-when `reward.sandbox_fusion.url` is set (the local `sandbox.py` runs them otherwise). Standard library only;
-no tensors, no Ray.
-
-As in verl:
-- The program is the response's last ```python block, else the first ``` block (a bare language word on
-  its first line is dropped); a response without a code fence scores 0.0.
-- Test cases (`ground_truth`, a dict or a JSON string): {"inputs": [...], "outputs": [...]} stdin/stdout
-  pairs, optionally with "fn_name" (call-based), or {"assert_case": ["assert f(1) == 2", ...]} (each block is
-  appended to the program; the case passes when the program finishes without error).
-- Score = the fraction of cases passed (not all-or-nothing): over all cases, or with `continuous=True`
-  (what `default_compute_score` uses) over the first 10 cases, though all of them run. A case fails on a
-  wrong answer, an error, a time limit, or a request that failed (HTTP 504 is retried; see utils.py).
-Also accepted here, as the local sandbox does: [{"input": ..., "output": ...}, ...] and
-{"asserts": [...]} (read as "assert_case").
+Owns verl's `compute_score(sandbox_fusion_url, concurrent_semaphore, memory_limit_mb, completion, test_cases,
+continuous=False, timeout=10) -> (score, metadata_list)`, used by `default_compute_score` for code data sources
+when `reward.sandbox_fusion.url` is set. As in verl: the program is the last ```python block (else the first ```
+block; none scores 0.0); test cases are stdin/stdout pairs (optionally `fn_name`) or `assert_case` blocks (also the
+local sandbox's `[{"input", "output"}]` and `{"asserts"}`); the score is the fraction passed (with `continuous`,
+of the first 10). Standard library only.
 """
 
 from __future__ import annotations
