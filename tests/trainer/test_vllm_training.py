@@ -5,12 +5,18 @@
   small: the weights vLLM generates with are the actor's after every sync), a checkpoint written;
 - one-step-off async (`trainer.rollout_mode=async`): the standalone rollout group's vLLM engine gets the actor's
   weights streamed bucket by bucket between steps;
-- the multi-turn tool workflow (`rollout.workflow=multi_turn_tool`) generating through vLLM.
+- the multi-turn tool workflow (`rollout.workflow=multi_turn_tool`) generating through vLLM;
+- verl's agent loops (`multi_turn.enable=true`, the gsm8k_tool_agent example's tool YAML and rows with `agent_name`)
+  generating through vLLM.
 Each run must say it built vLLM (the engine's CPU notice on stderr): with the hf engine in its place the tests fail.
 Marked `vllm`: they run in scripts/run_tests.sh's vLLM lane.
 """
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +100,30 @@ def test_an_openai_api_environment_trains_through_vllm(tiny_model_dir, data_dir,
     assert VLLM_BUILT in proc.stderr, proc.stderr[-3000:]
     step = step_metrics(run_dir)[1]
     assert step["rollout/rejected_samples"] == 0.0 and "actor/pg_loss" in step and step["response_length/mean"] > 0
+
+
+def test_verls_tool_agent_loop_generates_with_vllm(tiny_model_dir, tmp_path):
+    """The gsm8k_tool_agent example's rows (agent_name tool_agent, tools_kwargs) and tool YAML: the agent loop's
+    every turn is a vLLM generation; the untrained tiny model may or may not call a tool."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_tool_agent"
+    data_dir, run_dir, mt = tmp_path / "data", tmp_path / "run", "actor_rollout_ref.rollout.multi_turn"
+    prepare = [
+        sys.executable,
+        str(example / "prepare_data.py"),
+        "--local_dir",
+        str(data_dir),
+        "--n_train",
+        "4",
+        "--n_test",
+        "2",
+    ]
+    subprocess.run(prepare, check=True, capture_output=True, timeout=300)
+    args = grpo_args(tiny_model_dir, data_dir, run_dir, *VLLM, "trainer.total_training_steps=1", "trainer.save_freq=-1",
+                     "data.max_prompt_length=160", "data.max_response_length=96", "data.return_raw_chat=true",
+                     f"{mt}.enable=true", f"{mt}.tool_config_path={example / 'tool_config.yaml'}",
+                     f"{mt}.max_assistant_turns=2")  # fmt: skip
+    python_path = os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")])
+    proc = run_ppo(args, tmp_path, timeout=600, PYTHONPATH=python_path)
+    assert VLLM_BUILT in proc.stderr and "rollout.workflow=agent_loop (verl's agent loops)" in proc.stderr
+    step = step_metrics(run_dir)[1]
+    assert "actor/pg_loss" in step and step["num_turns/min"] >= 2 and "agent_loop/tool_reward/mean" in step, step
