@@ -39,6 +39,8 @@ VLLM = [
     "trainer.device=cpu",
 ]
 VLLM_BUILT = "notice: vllm on CPU runs without actor_rollout_ref.rollout."
+ASYNC = ["trainer.rollout_mode=async", "async_training.max_staleness=1", "trainer.cpus_per_worker=1",
+         "trainer.ray_init.num_cpus=2"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,8 @@ def test_grpo_trains_with_vllm_generating(tiny_model_dir, data_dir, tmp_path):
 
 def test_one_step_off_async_training_streams_weights_into_vllm(tiny_model_dir, data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    args = grpo_args(tiny_model_dir, data_dir, run_dir, *VLLM, "trainer.total_training_steps=2",
-                     "trainer.rollout_mode=async", "async_training.max_staleness=1", "trainer.save_freq=-1",
-                     "trainer.cpus_per_worker=1", "trainer.ray_init.num_cpus=2")  # fmt: skip
+    args = grpo_args(tiny_model_dir, data_dir, run_dir, *VLLM, *ASYNC, "trainer.total_training_steps=2",
+                     "trainer.save_freq=-1")  # fmt: skip
     proc = run_ppo(args, tmp_path, timeout=600)
     assert VLLM_BUILT in proc.stderr, proc.stderr[-3000:]
     metrics = step_metrics(run_dir)
@@ -102,9 +103,11 @@ def test_an_openai_api_environment_trains_through_vllm(tiny_model_dir, data_dir,
     assert step["rollout/rejected_samples"] == 0.0 and "actor/pg_loss" in step and step["response_length/mean"] > 0
 
 
-def test_verls_tool_agent_loop_generates_with_vllm(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "one_step_off_async"])
+def test_verls_tool_agent_loop_generates_with_vllm(tiny_model_dir, tmp_path, mode):
     """The gsm8k_tool_agent example's rows (agent_name tool_agent, tools_kwargs) and tool YAML: the agent loop's
-    every turn is a vLLM generation; the untrained tiny model may or may not call a tool."""
+    every turn is a vLLM generation (colocated, or in the standalone rollout group a step ahead); the untrained
+    tiny model may or may not call a tool."""
     example = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_tool_agent"
     data_dir, run_dir, mt = tmp_path / "data", tmp_path / "run", "actor_rollout_ref.rollout.multi_turn"
     prepare = [
@@ -121,7 +124,7 @@ def test_verls_tool_agent_loop_generates_with_vllm(tiny_model_dir, tmp_path):
     args = grpo_args(tiny_model_dir, data_dir, run_dir, *VLLM, "trainer.total_training_steps=1", "trainer.save_freq=-1",
                      "data.max_prompt_length=160", "data.max_response_length=96", "data.return_raw_chat=true",
                      f"{mt}.enable=true", f"{mt}.tool_config_path={example / 'tool_config.yaml'}",
-                     f"{mt}.max_assistant_turns=2")  # fmt: skip
+                     f"{mt}.max_assistant_turns=2", *(ASYNC if mode != "sync" else []))  # fmt: skip
     python_path = os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")])
     proc = run_ppo(args, tmp_path, timeout=600, PYTHONPATH=python_path)
     assert VLLM_BUILT in proc.stderr and "rollout.workflow=agent_loop (verl's agent loops)" in proc.stderr
