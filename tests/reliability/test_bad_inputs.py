@@ -295,8 +295,8 @@ PPO_CASES = [
         ["data.train_batch_size=4", "ppo_mini_batch_size=3", "divisible"],
     ),
     Case("ppo-zero-batch", "ppo", _ppo("data.train_batch_size=0"), ["data.train_batch_size", "positive", "got 0"]),
-    Case("ppo-negative-n", "ppo", _ppo("actor_rollout_ref.rollout.n=-2"), ["rollout.n", "positive", "got -2"]),
-    Case("ppo-model-missing", "ppo", _ppo(model="no_model"), ["model.path", "no_model", "not a directory"]),
+    Case("ppo-negative-n", "ppo", _ppo("actor_rollout_ref.rollout.n=-2"), ["rollout.n=-2", "at least one"]),
+    Case("ppo-model-missing", "ppo", _ppo(model="no_model"), ["model.path", "no_model", "no such folder"]),
     Case(
         "ppo-model-empty-folder",
         "ppo",

@@ -41,12 +41,12 @@ def build_typed_config(config: DictConfig) -> TypedConfig:
     """Every typed section of `config` (ValueError naming the key at the first bad one)."""
     arr = config.actor_rollout_ref
     algorithm = omega_conf_to_dataclass(config.algorithm, AlgoConfig)
+    rollout = omega_conf_to_dataclass(arr.rollout, RolloutConfig)  # before the sections that derive keys from it
     actor = omega_conf_to_dataclass(arr.actor, FSDPActorConfig)
     try:
         ref = omega_conf_to_dataclass(_ref_section(config), FSDPActorConfig)
     except ValueError as e:
         raise ValueError(f"actor_rollout_ref.ref.{e}") from None
-    rollout = omega_conf_to_dataclass(arr.rollout, RolloutConfig)
     model = omega_conf_to_dataclass(arr.model, HFModelConfig)
     critic = OmegaConf.to_container(config.critic, resolve=True)
     critic.pop("device", None)  # written by the driver once the device is resolved
