@@ -1,29 +1,14 @@
 """The FSDP2 training engine (verl 0.9.1's `FSDPEngine`, `FSDPEngineWithLMHead`, `FSDPEngineWithValueHead`).
 
 `FSDPEngine(model_config, engine_config, optimizer_config, checkpoint_config)` (or one `config` holding them, verl's
-or AReaL's shape: `engine_config.py`) + `initialize()` builds one rank's model from `model_config.path` (LoRA
-adapters with `lora_rank` > 0), shards it with FSDP2 by `engine_config` (verl's `fsdp_config` keys: `model_dtype`
-master weights, `mixed_precision`/`dtype` compute, `reshard_after_forward`, `fsdp_size`, `wrap_policy`,
-`param_offload`/`optimizer_offload`, `forward_prefetch`), and makes AdamW and its LR schedule from `optimizer_config`
-(verl's `optim` keys, `clip_grad`). `FSDPEngine.from_module(...)` adopts a model and optimizer built elsewhere
-instead (what `DataParallelPPOActor(config, module, optimizer)` does).
-
-Two ways to train on it, one engine:
-- verl's: `train_batch(data, loss_function)` / `infer_batch(data)` with settings as non-tensor entries of `data`
-  (`temperature`, `micro_batch_size_per_gpu`, `use_dynamic_bsz` + `max_token_len_per_gpu`, `calculate_entropy`,
-  `entropy_grad` (extension: entropy with gradient, default true), `calculate_sum_pi_squared`; `global_batch_size`,
-  `batch_num_tokens` (summed over ranks from `response_mask` and `_real_row` when absent) and `dp_size` are added to
-  each micro-batch for the loss). The subclass's `forward_step` gives `model_output`: `log_probs` (+ `entropy`,
-  `sum_pi_squared`) of the response tokens for an LM, `values` for a value model, each (bs, response_len) padded
-  (the layout of `verl.workers.engine.model_forward`: padded, packed or shared-prompt forward, chunked LM head).
-  The PPO actor and critic run their updates through exactly this path (`verl.workers.utils.losses`).
-- AReaL-lite's: `train_batch(data, loss_fn=..., loss_weight_fn=...)`, `eval_batch`, `forward`, `train()`,
-  `step_lr_scheduler()`, `save`/`load(SaveLoadMeta)`, `upload_weights(WeightUpdateMeta)`, `set_version`/
-  `get_version`: a loss over packed 1-D sequences (`verl.workers.engine.packed`).
-
-Distributed: `initialize()` joins torch.distributed (torchrun's or Ray's env; a one-process group otherwise),
-gloo on CPU, nccl on GPU. One rank: a forward-only pass gathers each FSDP2 unit once, not per forward; one CPU rank:
-so does a training pass (one gathered copy of the weights). Layer 5: no Ray, no trainer.
+or AReaL's shape: `engine_config.py`) + `initialize()` builds one rank's model (LoRA with `lora_rank` > 0), shards it
+with FSDP2 by verl's `fsdp_config` keys and makes AdamW and its LR schedule from verl's `optim` keys;
+`from_module(...)` adopts a model and optimizer built elsewhere (what `DataParallelPPOActor(config, module,
+optimizer)` does). Two ways to train on it, one engine: verl's `train_batch(data, loss_function)` / `infer_batch`
+with settings as non-tensor entries of `data` (the PPO actor and critic run their updates through exactly this
+path), and AReaL-lite's `train_batch(data, loss_fn=..., loss_weight_fn=...)`, `eval_batch`, `forward`, `save`/`load`,
+`upload_weights` over packed 1-D sequences (`verl.workers.engine.packed`). `initialize()` joins torch.distributed
+(gloo on CPU, nccl on GPU). Layer 5: no Ray, no trainer.
 """
 
 from __future__ import annotations
@@ -228,9 +213,12 @@ class FSDPEngine(BaseEngine):
         return cls.from_module(module, optimizer, model_config=flags, optimizer_config={"clip_grad": grad_clip})
 
     def _load_module(self, dtype: str, path: str | None = None) -> nn.Module:
-        """The HF model of `path` (default `model_config.path`) in `dtype` (a causal LM here)."""
+        """The HF model of `path` (default `model_config.path`) in `dtype` (`model_type`'s loader)."""
         cfg = self.model_config
-        return fsdp_utils.load_causal_lm(
+        loader = {"value_model": fsdp_utils.load_token_classification_model}.get(
+            self.model_type, fsdp_utils.load_causal_lm
+        )
+        return loader(
             path or cfg.path,
             dtype=dtype,
             attn_implementation=attn_implementation(cfg, self.device_name),
@@ -592,18 +580,6 @@ class FSDPEngineWithValueHead(FSDPEngine):
     the value of response token t read at the position that predicts it, as verl does."""
 
     model_type = "value_model"
-
-    def _load_module(self, dtype: str, path: str | None = None) -> nn.Module:
-        cfg = self.model_config
-        return fsdp_utils.load_token_classification_model(
-            path or cfg.path,
-            dtype=dtype,
-            attn_implementation=attn_implementation(cfg, self.device_name),
-            gradient_checkpointing=bool(cfg.get("enable_gradient_checkpointing", False)) and not self.forward_only,
-            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
-            override_config=cfg.get("override_config"),
-            lean_activations=bool(cfg.get("lean_activations", False)) and not self.forward_only,
-        )
 
     def compute_model_output(self, micro_batch: TensorDict) -> dict[str, torch.Tensor]:
         values, where = response_outputs(
