@@ -82,7 +82,8 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     else:
         if device_name == "cuda" and backend == "nccl":
             torch.cuda.set_device(0)
-        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        # one process: an in-memory store, no TCP port to race another process for
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 
