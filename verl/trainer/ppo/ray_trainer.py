@@ -118,7 +118,7 @@ class RayPPOTrainer:
         self._check_config()
         run_options.check_run_options(config)  # dumps, val_only, retention, ESI, dataloader workers
         self.checkpoint_callback = build_checkpoint_callback(config)  # trainer.checkpoint_callback_class
-        self.num_workers = int(config.data.get("dataloader_num_workers", 8))  # DataLoader processes per loader
+        self.num_workers = int(config.data.dataloader_num_workers)  # DataLoader processes per loader
         self.max_steps_duration, self.reward_extra_keys = 0.0, set()  # for the ESI save / the rollout dump
         async_rollout.resolve_async_config(config)
         corr_helper.resolve_rollout_correction_config(config)  # algorithm.rollout_correction: checks, bypass
@@ -164,7 +164,7 @@ class RayPPOTrainer:
             rm_config = OmegaConf.create(OmegaConf.to_container(reward_model_section(self.config), resolve=True))
             rm_config.device = self.config.actor_rollout_ref.get("device", "auto")
             model = self.config.actor_rollout_ref.model  # the policy's tokenizer, as main_ppo loads it
-            rm_config.input_tokenizer = self.config.data.get("tokenizer") or model.get("tokenizer_path") or model.path
+            rm_config.input_tokenizer = self.config.data.tokenizer or model.tokenizer_path or model.path
             pools = self.resource_pool_manager
             pool = pools.resource_pool_dict[pools.mapping.get(Role.RewardModel, pools.mapping[Role.ActorRollout])]
             pool_to_classes.setdefault(pool, {})["rm"] = RayClassWithInitArgs(
@@ -195,7 +195,7 @@ class RayPPOTrainer:
         ckpt.check_shared_storage(self.config.trainer, self.run_dir, [self.actor_rollout_wg, self.critic_wg])
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
-            staleness = (self.config.get("async_training") or {}).get("max_staleness", 1)
+            staleness = self.config.async_training.max_staleness
             self.async_rollout = async_rollout.AsyncRollout(self, staleness, self.total_training_steps)
 
     # ---------------------------------------------------------------- data
@@ -204,8 +204,8 @@ class RayPPOTrainer:
 
     def _data_seed(self) -> int:
         """verl's `data.seed`; null (verl's default) = `trainer.seed`."""
-        seed = self.config.data.get("seed")
-        return int(seed) if seed is not None else int(self.config.trainer.get("seed", 1))
+        seed = self.config.data.seed
+        return int(seed) if seed is not None else int(self.config.trainer.seed)
 
     def _train_batches(self):
         """Yield (epoch, batch index, DataProto) from the resume position on; the order is a `RepeatSampler`'s
@@ -286,7 +286,7 @@ class RayPPOTrainer:
         log gets it back when it resumes (`_restore_lost_step_metrics`)."""
         root = self.run_dir
         staging = ckpt.begin_checkpoint(root, self.global_steps)
-        save_hf = "hf_model" in list(self.config.actor_rollout_ref.actor.checkpoint.get("save_contents", []))
+        save_hf = "hf_model" in list(self.config.actor_rollout_ref.actor.checkpoint.save_contents)
         try:
             parts = {"actor": self.actor_rollout_wg.save_checkpoint(
                 os.path.join(staging, "actor"), global_step=self.global_steps, save_hf=save_hf
@@ -420,14 +420,14 @@ class RayPPOTrainer:
             batch = self.async_rollout.begin_step(batch, self.global_steps, timing, metrics)
         else:
             batch = self._rollout_score_and_filter(batch, timing, metrics)
-        if cfg.trainer.get("balance_batch", False):  # equal token counts per rank (verl's balance_batch)
+        if cfg.trainer.balance_batch:  # equal token counts per rank (verl's balance_batch)
             batch = balance_batch(batch, self.actor_rollout_wg.world_size)
-        rollout_corr = cfg.algorithm.get("rollout_correction")  # verl: bypass reuses the rollout's log-probs
-        bypass = rollout_corr is not None and bool(rollout_corr.get("bypass_mode", False))
+        rollout_corr = cfg.algorithm.rollout_correction  # verl: bypass reuses the rollout's log-probs
+        bypass = rollout_corr is not None and bool(rollout_corr.bypass_mode)
         with marked_timer("old_log_prob", timing):
             if bypass:
                 corr_helper.apply_bypass_mode(batch, rollout_corr, cfg.actor_rollout_ref.actor.policy_loss)
-            elif not cfg.actor_rollout_ref.actor.get("recompute_old_log_prob", True) and self.async_rollout is None:
+            elif not cfg.actor_rollout_ref.actor.recompute_old_log_prob and self.async_rollout is None:
                 # the hf rollout sampled with the actor's own weights and dtype (the worker checks it), so its
                 # log-probs are the old policy's: no forward pass (actor/entropy then comes from the update)
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
@@ -477,14 +477,14 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_spec_decode_metrics(*(batch.non_tensor_batch.get(k) for k in SPEC_DECODE_KEYS)))
         if cfg.algorithm.adv_estimator == "gdpo":  # each reward component GDPO normalised on its own
-            metrics.update(compute_gdpo_metrics(batch, cfg.algorithm.get("gdpo_reward_keys") or []))
+            metrics.update(compute_gdpo_metrics(batch, cfg.algorithm.gdpo_reward_keys or []))
         if self.rlvr is not None:  # verifier scores as critic/score/*, every data metric per domain
             metrics.update(compute_domain_metrics(batch, self.use_critic, self.rlvr.extra_keys, self.rlvr.domain_key))
         self._last_batch = batch
         return metrics
 
     def _check_nonfinite(self, metrics: dict[str, float]) -> None:
-        limit = self.config.trainer.get("max_nonfinite_steps", 5)
+        limit = self.config.trainer.max_nonfinite_steps
         self.nonfinite_in_a_row = failures.count_nonfinite_steps(self.nonfinite_in_a_row, metrics, limit, self.run_dir)
 
     # ---------------------------------------------------------------- the loop
@@ -537,7 +537,7 @@ class RayPPOTrainer:
     def fit(self) -> dict[str, Any]:
         """Train for `total_training_steps` steps; return a summary dict (also printed)."""
         cfg = self.config
-        log_dir = cfg.trainer.get("log_dir") or os.path.join(self.run_dir, "logs")
+        log_dir = cfg.trainer.log_dir or os.path.join(self.run_dir, "logs")
         bar = tqdm(total=self.total_training_steps, desc="training", unit="step", dynamic_ncols=True)
         logger = Tracking(
             cfg.trainer.project_name,
@@ -554,7 +554,7 @@ class RayPPOTrainer:
                 self._restore_lost_step_metrics(logger, log_dir)
             bar.update(self.global_steps)
             summary: dict[str, Any] = {"resumed_from": resumed_from, "log_dir": log_dir, "run_dir": self.run_dir}
-            val, val_only = {}, bool(cfg.trainer.get("val_only", False) and cfg.trainer.val_before_train)
+            val, val_only = {}, bool(cfg.trainer.val_only and cfg.trainer.val_before_train)
             if self.val_reward_fn is not None and cfg.trainer.val_before_train and (self.global_steps == 0 or val_only):
                 val = self._validate()
                 summary["val_before"] = val.get("val/reward/mean")
