@@ -92,7 +92,7 @@ def _check_reward_columns(config: DictConfig, datasets: list) -> None:
     custom = get_custom_reward_fn(config) is not None
     if need_reward_model(config) and not custom:  # the reward model's score is the reward: no rule scorer runs
         return
-    key = config.data.get("reward_fn_key", "data_source")
+    key = config.data.reward_fn_key
     for dataset in (d for d in datasets if d is not None):
         for (path, row_number, _), row in zip(dataset.origins, dataset.rows):
             where = f"parquet file {path!r} row {row_number}"
@@ -239,7 +239,7 @@ def _check_custom_reward(config: DictConfig) -> None:
 
 def _check_single_process(config: DictConfig, domain_setup, rollout_pool: dict) -> None:
     """trainer.single_process=true runs one worker inside this process: refuse what needs more."""
-    if not config.trainer.get("single_process", False):
+    if not config.trainer.single_process:
         return
     n_proc = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     if n_proc != 1:
@@ -282,7 +282,7 @@ def init_ray(config: DictConfig) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return
-    num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
+    num_cpus = config.ray_kwargs.ray_init.num_cpus
     with _lean_head_node() if _lean_head_wanted() else contextlib.nullcontext():
         ray.init(
             num_cpus=num_cpus,
@@ -415,10 +415,10 @@ def build_trainer(config: DictConfig):
             config.actor_rollout_ref.model.trust_remote_code or config.data.get("trust_remote_code")
         ),
     )
-    num_examine = config.reward.get("num_examine", 1)
+    num_examine = config.reward.num_examine
     _pick_agent_loop_workflow(config)
     if domain_setup is None:
-        max_train = int(config.data.get("train_max_samples", -1) or -1)
+        max_train = int(config.data.train_max_samples or -1)
         train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, max_samples=max_train)
         val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
@@ -437,7 +437,7 @@ def build_trainer(config: DictConfig):
     rm_pool = reward_model_pool_spec(config)  # reward.reward_model.enable_resource_pool: the RM's own processes
     if need_reward_model(config):
         mapping[Role.RewardModel] = "reward_pool" if rm_pool else "global_pool"
-    single_process = bool(config.trainer.get("single_process", False))
+    single_process = bool(config.trainer.single_process)
     _check_single_process(config, domain_setup, rollout_pool)
     pool_manager = ResourcePoolManager(
         resource_pool_spec={"global_pool": [n_proc] * nnodes, **rollout_pool, **rm_pool},
@@ -463,7 +463,7 @@ def build_trainer(config: DictConfig):
     )
     cpus_per_worker = config.trainer.get("cpus_per_worker")
     if single_process:  # the worker runs here: all the CPUs this process may use (or ray_init.num_cpus)
-        num_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
+        num_cpus = config.ray_kwargs.ray_init.num_cpus
         cpus_per_worker = cpus_per_worker or num_cpus or len(os.sched_getaffinity(0))
     else:
         init_ray(config)
